@@ -1,0 +1,33 @@
+"""ADD: record the attachment, pass prevResult through unchanged."""
+
+from __future__ import annotations
+
+from .. import log
+from ..attachment import incarnation, merge, parse_prev_result
+from ..errors import INVALID_CONFIG, CniError
+from ..store import Store
+
+
+def run(inv):
+    conf = inv.conf
+    if conf.prevResult is None:
+        raise CniError(
+            INVALID_CONFIG,
+            "cni-reaper must be chained after an interface-creating plugin",
+            "put it last in a conflist's plugins list, after bridge/firewall/portmap; it got no prevResult",
+        )
+    prev = parse_prev_result(conf.prevResult)
+    current = incarnation(inv.netns, prev, conf.runtimeConfig.portMappings)
+    store = Store(conf.stateDir, conf.lockTimeout).open()
+    try:
+        with store.locked():
+            existing = store.load(conf.name, inv.container_id, inv.ifname)
+            record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args)
+            store.save(record)
+    finally:
+        store.close()
+    if kept:
+        log.info("re-added: earlier incarnation kept for clean-up", earlier=len(record.earlier))
+    result = dict(conf.prevResult)
+    result.setdefault("cniVersion", inv.version)
+    return result

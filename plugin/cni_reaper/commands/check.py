@@ -1,0 +1,37 @@
+"""CHECK: the record must describe this attachment. A missing or stale record is repaired, not failed:
+Nomad destroys and recreates the allocation's network when CHECK fails."""
+
+from __future__ import annotations
+
+from .. import log
+from ..attachment import incarnation, merge, parse_prev_result, same_life
+from ..errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
+from ..store import Store
+
+
+def run(inv):
+    conf = inv.conf
+    if conf.prevResult is None:
+        raise CniError(INVALID_CONFIG, "CHECK needs prevResult",
+                       "cni-reaper must be chained after an interface-creating plugin")
+    prev = parse_prev_result(conf.prevResult)
+    current = incarnation(inv.netns, prev, conf.runtimeConfig.portMappings)
+    if current.netnsId is None:
+        raise CniError(UNKNOWN_CONTAINER, f"{inv.netns} is not a network namespace",
+                       "the container's network namespace is gone; the runtime should recreate the network")
+    store = Store(conf.stateDir, conf.lockTimeout).open()
+    try:
+        with store.locked():
+            existing = store.load(conf.name, inv.container_id, inv.ifname)
+            if existing is not None and existing.deleted is None and same_life(existing.current, current):
+                return None
+            record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args or
+                              (existing.cniArgs if existing else {}))
+            store.save(record)
+    finally:
+        store.close()
+    if existing is None:
+        log.info("CHECK adopted an attachment that had no record")
+    else:
+        log.warn("CHECK found a stale record and repaired it; the earlier life is kept for clean-up")
+    return None

@@ -1,0 +1,47 @@
+"""Probe a network namespace by its path without entering, opening or creating it.
+
+A live netns path (`/var/run/netns/<name>`, Docker's `/var/run/docker/netns/<id>`, `/proc/<pid>/ns/net`)
+resolves to a file on nsfs; its inode is the namespace's ID. After `ip netns delete` the path is gone;
+after a bare unmount it is an empty regular file on another file system. Neither is a live namespace.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import NamedTuple
+
+
+class Identity(NamedTuple):
+    dev: int
+    ino: int
+
+
+@lru_cache(maxsize=1)
+def _nsfs_dev() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/net").st_dev
+    except OSError:
+        return None
+
+
+def identity(path: str | None) -> Identity | None:
+    """Identity of the namespace at `path`, or None when no namespace is there (gone, unmounted, not nsfs)."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)  # stat only: never open() a netns path, never O_CREAT it
+    except (OSError, ValueError):
+        return None
+    nsfs = _nsfs_dev()
+    if nsfs is None or st.st_dev != nsfs:
+        return None
+    return Identity(st.st_dev, st.st_ino)
+
+
+def is_alive(path: str | None, recorded: tuple[int, int] | None) -> bool:
+    """True while `path` still holds the namespace recorded (or any namespace, when none was recorded)."""
+    now = identity(path)
+    if now is None:
+        return False
+    return recorded is None or tuple(now) == tuple(recorded)

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sandbox import REPO, Sandbox  # noqa: E402
+
+FLAVOURS = ("nft", "legacy")
+
+
+def _host_cni_lines() -> dict[str, list[str]]:
+    """CNI artifacts in the machine's own tables (both flavours, both families)."""
+    out = {}
+    for tool in ("iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save", "ip6tables-legacy-save"):
+        if shutil.which(tool):
+            text = subprocess.run([tool], capture_output=True, text=True).stdout
+            out[tool] = sorted(l for l in text.splitlines() if "CNI-" in l or "cni-reaper" in l or "NOMAD-ADMIN" in l)
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_tables_untouched():
+    """Fails the run if any test leaked a CNI rule into the machine's own netfilter tables."""
+    before = _host_cni_lines()
+    yield
+    assert _host_cni_lines() == before, "a test changed the machine's own netfilter tables"
+
+
+def needs_root():
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+
+
+@pytest.fixture(scope="session")
+def driver_bin(tmp_path_factory) -> str:
+    """Build the go-cni driver (tests/driver) offline, in GOPATH mode, once per source version."""
+    if not shutil.which("go"):
+        pytest.fail("go is not installed: run scripts/test.sh, which installs golang-go and go-cni")
+    src = REPO / "tests" / "driver" / "main.go"
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("CNI_REAPER_CACHE", "/tmp/cni-reaper-test-cache"))
+    out = cache / f"reaperdriver-{digest}"
+    if not out.exists():
+        gopath = cache / "gopath"
+        pkg = gopath / "src" / "reaperdriver"
+        pkg.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, pkg / "main.go")
+        env = dict(os.environ, GO111MODULE="off", GOPATH=f"{gopath}:/usr/share/gocode",
+                   GOCACHE=str(cache / "gocache"), GOFLAGS="")
+        proc = subprocess.run(["go", "build", "-o", str(out), "."], cwd=pkg, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"building the go-cni driver failed:\n{proc.stderr}")
+    return str(out)
+
+
+def _package_exe() -> str:
+    exe = shutil.which("cni-reaper", path=os.path.dirname(sys.executable))
+    if not exe:
+        pytest.fail("cni-reaper is not installed in this environment: pip install .")
+    return exe
+
+
+def _binary_exe() -> str:
+    exe = os.environ.get("CNI_REAPER_BIN") or str(REPO / "dist" / "cni-reaper" / "cni-reaper")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("no built binary (scripts/build.sh); set CNI_REAPER_BIN to test one")
+    return exe
+
+
+@pytest.fixture(params=["package", "binary"])
+def reaper_exe(request) -> str:
+    """The installed package's entry point and the PyInstaller bundle: both are exercised."""
+    return _package_exe() if request.param == "package" else _binary_exe()
+
+
+@pytest.fixture
+def package_exe() -> str:
+    return _package_exe()
+
+
+@pytest.fixture(params=FLAVOURS)
+def flavour(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def sandbox(tmp_path, flavour, reaper_exe, driver_bin):
+    needs_root()
+    with Sandbox(tmp_path, flavour, reaper_exe, driver_bin) as sb:
+        yield sb
+
+
+@pytest.fixture
+def quick_sandbox(tmp_path, package_exe, driver_bin):
+    """One flavour, the package: for protocol tests that do not depend on netfilter."""
+    needs_root()
+    with Sandbox(tmp_path, "nft", package_exe, driver_bin) as sb:
+        yield sb

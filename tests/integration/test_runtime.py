@@ -1,0 +1,76 @@
+"""cni-reaper in the shipped Nomad conflist, driven by containerd's go-cni (the library Nomad uses) with the
+Debian reference plugins, on both iptables flavours, with the installed package and the built binary."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandbox import unique
+
+pytestmark = pytest.mark.netns
+
+
+def test_add_records_attachment_with_netns_identity_ips_and_ports(sandbox):
+    netns = sandbox.container()
+    cid = unique("alloc-")
+    proc = sandbox.driver("add", cid, netns, ports=("8080:80/tcp", "8080:80/udp"),
+                          args=("IgnoreUnknown=true", "NOMAD_JOB_ID=web"))
+    assert proc.returncode == 0, proc.stderr
+    record = sandbox.record(cid)
+    assert record is not None
+    st = os.stat(netns)
+    assert record["network"] == "nomad-reaper" and record["ifname"] == "eth0"
+    assert record["current"]["netns"] == netns
+    assert record["current"]["netnsId"] == {"dev": st.st_dev, "ino": st.st_ino}
+    [ip] = record["current"]["ips"]
+    assert ip["family"] == 4 and ip["prefix"] == 20 and ip["address"].startswith("172.26.")
+    assert {(p["hostPort"], p["containerPort"], p["protocol"]) for p in record["current"]["portMappings"]} == {
+        (8080, 80, "tcp"), (8080, 80, "udp")}
+    assert record["cniArgs"].get("NOMAD_JOB_ID") == "web"
+    assert record["deleted"] is None
+    # the chain really ran: the masquerade jump for that IP is in the sandbox's nat table
+    assert f"-s {ip['address']}/32" in sandbox.save(table="nat")
+
+
+def test_del_after_netns_gone_leaves_tombstone_and_succeeds(sandbox):
+    netns = sandbox.container()
+    cid = unique("alloc-")
+    assert sandbox.driver("add", cid, netns, ports=("8081:80/tcp",)).returncode == 0
+    sandbox.remove_container(netns)
+    proc = sandbox.driver("del", cid, netns, ports=("8081:80/tcp",))
+    assert proc.returncode == 0, proc.stderr
+    record = sandbox.record(cid)
+    assert record["deleted"] is not None and record["deleted"]["netnsGone"] is True
+    # twice is fine too
+    assert sandbox.driver("del", cid, netns).returncode == 0
+
+
+def test_check_adopts_a_missing_record(sandbox):
+    netns = sandbox.container()
+    cid = unique("alloc-")
+    assert sandbox.driver("add", cid, netns).returncode == 0
+    for p in sandbox.state_dir().glob("r-*.json"):
+        p.unlink()
+    proc = sandbox.driver("check", cid, netns)
+    assert proc.returncode == 0, proc.stderr
+    record = sandbox.record(cid)
+    assert record is not None and record["current"]["netnsId"]["ino"] == os.stat(netns).st_ino
+
+
+def test_re_add_after_restart_keeps_earlier_incarnation(sandbox):
+    """Nomad #6385: the alloc's netns vanished while the client was down; the client re-adds the same ID."""
+    first = sandbox.container()
+    cid = unique("alloc-")
+    assert sandbox.driver("add", cid, first).returncode == 0
+    old_ip = sandbox.record(cid)["current"]["ips"][0]["address"]
+    sandbox.remove_container(first)
+    second = sandbox.container()
+    refused = sandbox.driver("add", cid, second)
+    assert refused.returncode != 0 and "duplicate allocation" in refused.stderr  # host-local, as measured
+    assert sandbox.driver("del", cid, second).returncode == 0
+    assert sandbox.driver("add", cid, second).returncode == 0
+    record = sandbox.record(cid)
+    assert record["current"]["netns"] == second and record["deleted"] is None
+    assert any(inc["netns"] == first and inc["ips"][0]["address"] == old_ip for inc in record["earlier"])

@@ -1,0 +1,152 @@
+"""Throwaway CNI hosts for tests: a network namespace that plays the Nomad client's host, with its own
+/var/lib/cni, its own iptables flavour on PATH and its own plugin directory.
+
+Everything netfilter happens inside namespaces made here and deleted on close: the reference plugins and
+cni-reaper run under `ip netns exec <host>`, which also gives them a private mount namespace in which the
+sandbox's directory is bind-mounted over /var/lib/cni (libcni's result cache, host-local's reservations,
+cni-reaper's default state dir). The machine's own tables and /var/lib/cni are never touched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE_PLUGINS = Path("/usr/lib/cni")
+SHIPPED_CONFLIST = REPO / "conflist" / "nomad-reaper.conflist"
+_counter = itertools.count()
+
+
+def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), check=check, text=True, capture_output=True, **kw)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{os.getpid() % 100000}-{next(_counter)}"
+
+
+def flavour_bin_dir(root: Path, flavour: str) -> Path:
+    """A directory whose iptables* names point at one flavour's multi binary, first on PATH."""
+    d = root / f"bin-{flavour}"
+    d.mkdir(exist_ok=True)
+    multi = shutil.which(f"xtables-{flavour}-multi") or f"/usr/sbin/xtables-{flavour}-multi"
+    for name in ("iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"):
+        link = d / name
+        if not link.exists():
+            link.symlink_to(multi)
+    return d
+
+
+class Sandbox:
+    def __init__(self, root: Path, flavour: str, reaper: str, driver: str | None = None) -> None:
+        self.root = root
+        self.flavour = flavour
+        self.driver_bin = driver
+        self.cni_dir = root / "var-lib-cni"  # mounted over /var/lib/cni inside the sandbox
+        self.cni_dir.mkdir(parents=True, exist_ok=True)
+        self.plugin_dir = root / "plugins"
+        self.plugin_dir.mkdir(exist_ok=True)
+        (self.plugin_dir / "cni-reaper").symlink_to(reaper)
+        self.bin_dir = flavour_bin_dir(root, flavour)
+        self.host = unique("crt-h")
+        self.containers: list[str] = []
+        os.makedirs("/var/lib/cni", exist_ok=True)  # the mount point; empty on a fresh machine
+        sh("ip", "netns", "add", self.host)
+        self.run(["ip", "link", "set", "lo", "up"])
+        self.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        for name in self.containers + [self.host]:
+            sh("ip", "netns", "del", name, check=False)
+        self.containers.clear()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def container(self) -> str:
+        """A new container netns; returns its path (what Nomad passes as CNI_NETNS)."""
+        name = unique("crt-c")
+        sh("ip", "netns", "add", name)
+        self.containers.append(name)
+        return f"/var/run/netns/{name}"
+
+    def remove_container(self, path: str) -> None:
+        name = os.path.basename(path)
+        sh("ip", "netns", "del", name, check=False)
+        if name in self.containers:
+            self.containers.remove(name)
+
+    # -- running things inside -------------------------------------------------------------------
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+        env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        env.update(extra or {})
+        return env
+
+    def run(self, argv: list[str], env: dict[str, str] | None = None, input: str | None = None,
+            check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+        wrapped = ["ip", "netns", "exec", self.host, "sh", "-c",
+                   'mount --bind "$0" /var/lib/cni && exec "$@"', str(self.cni_dir), *argv]
+        return subprocess.run(wrapped, env=self.env(env), input=input, text=True, capture_output=True,
+                              check=check, timeout=timeout)
+
+    def conflist(self, path: Path = SHIPPED_CONFLIST, **reaper_conf) -> Path:
+        """The shipped conflist (or another), with extra keys for cni-reaper; written into the sandbox."""
+        data = json.loads(Path(path).read_text())
+        for plugin in data["plugins"]:
+            if plugin["type"] == "cni-reaper":
+                plugin.update(reaper_conf)
+        out = self.root / f"{data['name']}.conflist"
+        out.write_text(json.dumps(data, indent=1))
+        return out
+
+    def driver(self, op: str, cid: str, netns: str, ports: tuple[str, ...] = (), conflist: Path | None = None,
+               args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        assert self.driver_bin, "this sandbox has no go-cni driver"
+        argv = [self.driver_bin, "-conflist", str(conflist or self.conflist()), "-plugindir",
+                f"{self.plugin_dir}:{REFERENCE_PLUGINS}", "-op", op, "-id", cid, "-netns", netns]
+        for p in ports:
+            argv += ["-port", p]
+        for a in args:
+            argv += ["-arg", a]
+        return self.run(argv)
+
+    def plugin(self, command: str, conf: dict | str | bytes, cid: str = "", netns: str = "", ifname: str = "eth0",
+               env: dict[str, str] | None = None) -> tuple[int, dict | None, str]:
+        """Invoke cni-reaper directly as a runtime would. Returns (exit status, stdout JSON or None, stderr)."""
+        cni_env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
+                   "CNI_PATH": f"{self.plugin_dir}:{REFERENCE_PLUGINS}"}
+        cni_env.update(env or {})
+        cni_env = {k: v for k, v in cni_env.items() if v is not None}
+        stdin = conf if isinstance(conf, str) else json.dumps(conf)
+        proc = self.run([str(self.plugin_dir / "cni-reaper")], env=cni_env, input=stdin)
+        out = json.loads(proc.stdout) if proc.stdout.strip() else None
+        return proc.returncode, out, proc.stderr
+
+    def save(self, family: int = 4, table: str | None = None) -> str:
+        tool = "iptables-save" if family == 4 else "ip6tables-save"
+        argv = [str(self.bin_dir / tool)] + (["-t", table] if table else [])
+        return self.run(argv, check=True).stdout
+
+    def state_dir(self) -> Path:
+        return self.cni_dir / "reaper"
+
+    def records(self) -> list[dict]:
+        d = self.state_dir()
+        if not d.exists():
+            return []
+        return [json.loads(p.read_text()) for p in sorted(d.glob("r-*.json"))]
+
+    def record(self, cid: str) -> dict | None:
+        found = [r for r in self.records() if r["containerID"] == cid]
+        assert len(found) <= 1
+        return found[0] if found else None
