@@ -99,6 +99,9 @@ def _parse_conf(raw: dict[str, Any]):
 
 
 def build_invocation(env: Mapping[str, str], stdin: IO[bytes], seen: dict[str, Any] | None = None) -> Invocation:
+    raw = _read_config(stdin)
+    if seen is not None:
+        seen.update(raw=raw)
     command = env.get("CNI_COMMAND", "")
     if command not in VERBS:
         raise CniError(INVALID_ENV, f"unknown CNI_COMMAND: {command[:32]!r}", f"expected one of {', '.join(VERBS)}")
@@ -109,9 +112,6 @@ def build_invocation(env: Mapping[str, str], stdin: IO[bytes], seen: dict[str, A
             names.container_id("")
         raise CniError(INVALID_ENV, f"required environment variables missing: {', '.join(missing)}",
                        "a CNI runtime sets these; when calling by hand, set them all")
-    raw = _read_config(stdin)
-    if seen is not None:
-        seen.update(raw=raw)
     version = versions.negotiate(raw)
     minimum = MIN_VERSION.get(command)
     if minimum and not versions.at_least(version, minimum):

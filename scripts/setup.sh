@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install everything cni-reaper's build, demo and tests need on a Debian 12 machine, as root:
+# the reference CNI plugins, iptables (both flavours), Go and go-cni (to build the test runtime driver),
+# and a virtualenv at .venv with the package and its build/test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup.sh: run as root (it installs Debian packages; the tests create network namespaces)" >&2
+  exit 1
+fi
+
+APT_PACKAGES=(iptables nftables iproute2 procps containernetworking-plugins golang-go
+  golang-github-containerd-go-cni-dev python3 python3-venv python3-dev gcc)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check '.[build,test]' 2>&1 | grep -v -e '^WARNING: Location' -e 'Running pip as' || true
+.venv/bin/python -c 'import cni_reaper, pydantic, pyroute2, PyInstaller' 
+echo "setup.sh: ready ($(.venv/bin/python --version), cni-reaper $(.venv/bin/python -c 'import cni_reaper; print(cni_reaper.__version__)'))"

@@ -1,0 +1,45 @@
+"""The PyInstaller bundle stands alone: no Python on the host, invoked through a symlink."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import _binary_exe
+
+
+def _hidden_python_dirs() -> list[str]:
+    """Every place a Python installation could be found on this machine."""
+    dirs = []
+    for root in ("/usr/lib", "/usr/local/lib", "/usr/lib64"):
+        if os.path.isdir(root):
+            dirs += [os.path.join(root, n) for n in os.listdir(root) if n.startswith("python3")]
+    for extra in ("/root/.pyenv", "/opt/pyenv", os.path.dirname(os.path.dirname(os.path.realpath(os.__file__)))):
+        if os.path.isdir(extra):
+            dirs.append(extra)
+    dirs = sorted(set(dirs))
+    return [d for d in dirs if not any(d != o and d.startswith(o + "/") for o in dirs)]
+
+
+def test_bundle_runs_with_every_python_hidden_and_through_a_symlink(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private mount namespace")
+    exe = _binary_exe()
+    link = tmp_path / "bin" / "cni-reaper"
+    link.parent.mkdir()
+    link.symlink_to(exe)
+    hide = " && ".join(f"mount -t tmpfs none {d}" for d in _hidden_python_dirs())
+    script = (f"{hide} && ! python3 -c pass 2>/dev/null && ! /usr/bin/python3 -c pass 2>/dev/null && "
+              f'exec "{link}"')
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x",
+           "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "eth0", "CNI_PATH": str(link.parent)}
+    conf = {"cniVersion": "1.0.0", "name": "n", "type": "cni-reaper", "stateDir": str(tmp_path / "s"),
+            "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.9.0.2/24"}]}}
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
+                          input=json.dumps(conf), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert json.loads(proc.stdout)["ips"] == [{"address": "10.9.0.2/24"}]
+    assert len(list((tmp_path / "s").glob("r-*.json"))) == 1

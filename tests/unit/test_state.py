@@ -1,0 +1,245 @@
+"""The attachment record and the state directory, through the verbs that use them."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import stat
+import threading
+
+import pytest
+from helpers import NETNS, conf, invoke, prev_result
+
+from cni_reaper.store import record_name
+
+
+def records(state):
+    return [json.loads(p.read_text()) for p in sorted(state.glob("r-*.json"))]
+
+
+def test_add_writes_one_private_record_per_attachment(tmp_path):
+    state = tmp_path / "s"
+    c = conf(state, runtimeConfig={"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]})
+    assert invoke("ADD", c, cid="alloc-1", CNI_ARGS="IgnoreUnknown=1;NOMAD_ALLOC_ID=alloc-1")[0] == 0
+    assert invoke("ADD", c, cid="alloc-2")[0] == 0
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    files = sorted(state.glob("r-*.json"))
+    assert len(files) == 2 and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    rec = json.loads((state / record_name("nomad-reaper", "alloc-1", "eth0")).read_text())
+    st = os.stat(NETNS)
+    assert rec["current"]["netnsId"] == {"dev": st.st_dev, "ino": st.st_ino}
+    assert rec["current"]["ips"] == [{"address": "172.26.64.2", "prefix": 20, "family": 4}]
+    assert rec["current"]["portMappings"][0]["hostPort"] == 8080
+    assert rec["cniArgs"] == {"IgnoreUnknown": "1", "NOMAD_ALLOC_ID": "alloc-1"}
+    assert rec["pluginVersion"] and rec["current"]["createdAt"]
+    assert not [p for p in state.iterdir() if p.name.startswith(".tmp.")]
+
+
+def test_dual_stack_ips_are_recorded_with_family(tmp_path):
+    prev = prev_result()
+    prev["ips"].append({"address": "fd00:26::2/64", "interface": 2})
+    assert invoke("ADD", conf(tmp_path / "s", prev=prev))[0] == 0
+    [rec] = records(tmp_path / "s")
+    assert {(i["address"], i["prefix"], i["family"]) for i in rec["current"]["ips"]} == {
+        ("172.26.64.2", 20, 4), ("fd00:26::2", 64, 6)}
+
+
+def test_repeated_add_of_the_same_life_keeps_no_earlier_incarnation(tmp_path):
+    c = conf(tmp_path / "s")
+    invoke("ADD", c)
+    invoke("ADD", c)
+    [rec] = records(tmp_path / "s")
+    assert rec["earlier"] == []
+
+
+def test_re_add_with_new_ip_keeps_the_earlier_incarnation(tmp_path):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state))
+    invoke("ADD", conf(state, prev=prev_result(address="172.26.64.9/20")))
+    [rec] = records(state)
+    assert rec["current"]["ips"][0]["address"] == "172.26.64.9"
+    assert [e["ips"][0]["address"] for e in rec["earlier"]] == ["172.26.64.2"]
+
+
+def test_re_add_after_del_keeps_the_torn_down_life(tmp_path):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state))
+    invoke("DEL", conf(state))
+    invoke("ADD", conf(state))
+    [rec] = records(state)
+    assert rec["deleted"] is None and len(rec["earlier"]) == 1
+
+
+def test_earlier_incarnations_are_bounded(tmp_path):
+    state = tmp_path / "s"
+    for i in range(2, 30):
+        assert invoke("ADD", conf(state, prev=prev_result(address=f"172.26.64.{i}/20")))[0] == 0
+    [rec] = records(state)
+    assert len(rec["earlier"]) == 16 and rec["earlier"][-1]["ips"][0]["address"] == "172.26.64.28"
+
+
+def test_del_marks_a_tombstone_once(tmp_path):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state))
+    assert invoke("DEL", conf(state, prev=None), netns="/var/run/netns/does-not-exist") == (0, None)
+    [rec] = records(state)
+    first = rec["deleted"]
+    assert first["netnsGone"] is True and first["hadPrevResult"] is False
+    assert invoke("DEL", conf(state)) == (0, None)
+    assert records(state)[0]["deleted"] == first
+
+
+def test_del_with_unusable_state_dir_still_succeeds(tmp_path):
+    target = tmp_path / "real"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    assert invoke("DEL", conf(tmp_path / "link")) == (0, None)
+    (tmp_path / "file").write_text("x")
+    assert invoke("DEL", conf(tmp_path / "file")) == (0, None)
+
+
+def test_symlinked_state_dir_is_refused_on_add(tmp_path):
+    target = tmp_path / "real"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    rc, out = invoke("ADD", conf(tmp_path / "link"))
+    assert rc == 1 and out["code"] == 5 and "symlink" in out["msg"]
+    assert list(target.iterdir()) == []
+
+
+def test_loose_state_dir_mode_is_tightened(tmp_path):
+    state = tmp_path / "s"
+    state.mkdir(mode=0o755)
+    invoke("ADD", conf(state))
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "symlink", "world-writable", "other-key"])
+def test_a_damaged_record_is_quarantined_and_never_crashes_a_verb(tmp_path, damage, capfd):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state))
+    path = state / record_name("nomad-reaper", "alloc-1", "eth0")
+    text = path.read_text()
+    if damage == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    elif damage == "truncated":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "symlink":
+        path.unlink()
+        (tmp_path / "elsewhere").write_text(text)
+        path.symlink_to(tmp_path / "elsewhere")
+    elif damage == "world-writable":
+        path.chmod(0o666)
+    elif damage == "other-key":
+        path.write_text(text.replace('"alloc-1"', '"alloc-2"'))
+    for verb in ("DEL", "ADD"):
+        assert invoke(verb, conf(state))[0] == 0
+    assert list(state.glob("*.corrupt")), "the damaged record was not moved aside"
+    assert "quarantined" in capfd.readouterr().err
+    [rec] = records(state)  # ADD wrote a fresh one
+    assert rec["containerID"] == "alloc-1"
+
+
+def test_lock_held_too_long_is_try_again_later(tmp_path):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state))
+    fd = os.open(state / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        rc, out = invoke("ADD", conf(state, lockTimeout=0.2))
+        assert rc == 1 and out["code"] == 11
+        assert invoke("DEL", conf(state, lockTimeout=0.2)) == (0, None)  # DEL never fails the chain
+    finally:
+        os.close(fd)
+    assert invoke("ADD", conf(state, lockTimeout=0.2))[0] == 0
+
+
+def test_concurrent_adds_are_serialised_and_lose_nothing(tmp_path):
+    state = tmp_path / "s"
+    results = []
+
+    def one(i):
+        results.append(invoke("ADD", conf(state, prev=prev_result(address=f"172.26.65.{i}/20")), cid=f"a{i}")[0])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [0] * 20
+    assert sorted(r["containerID"] for r in records(state)) == sorted(f"a{i}" for i in range(20))
+
+
+def test_temp_debris_of_a_killed_writer_is_removed(tmp_path):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state))
+    (state / ".tmp.r-dead.json.12345").write_text("{")
+    invoke("ADD", conf(state))
+    assert not list(state.glob(".tmp.*"))
+
+
+def test_check_adopts_a_missing_record_and_passes(tmp_path):
+    state = tmp_path / "s"
+    assert invoke("CHECK", conf(state)) == (0, None)
+    [rec] = records(state)
+    assert rec["current"]["netns"] == NETNS
+
+
+def test_check_repairs_a_stale_record_keeping_the_earlier_life(tmp_path):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state, prev=prev_result(address="172.26.64.7/20")))
+    assert invoke("CHECK", conf(state)) == (0, None)
+    [rec] = records(state)
+    assert rec["current"]["ips"][0]["address"] == "172.26.64.2"
+    assert rec["earlier"][0]["ips"][0]["address"] == "172.26.64.7"
+
+
+def test_check_fails_when_the_netns_is_gone(tmp_path):
+    rc, out = invoke("CHECK", conf(tmp_path / "s"), netns="/var/run/netns/nope")
+    assert rc == 1 and out["code"] == 3
+
+
+def test_check_without_prev_result_is_invalid_config(tmp_path):
+    rc, out = invoke("CHECK", conf(tmp_path / "s", prev=None))
+    assert rc == 1 and out["code"] == 7
+
+
+def test_status_succeeds_when_add_can_be_served(tmp_path):
+    assert invoke("STATUS", conf(tmp_path / "s", "1.1.0", prev=None)) == (0, None)
+    assert not (tmp_path / "s").exists(), "STATUS must not create anything"
+
+
+def test_status_reports_what_is_missing(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    rc, out = invoke("STATUS", conf(tmp_path / "file", "1.1.0", prev=None))
+    assert rc == 1 and out["code"] == 50 and "not a directory" in out["msg"]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("cni_reaper.flavour.FALLBACK_PATH", str(tmp_path))
+    rc, out = invoke("STATUS", conf(tmp_path / "s", "1.1.0", prev=None))
+    assert rc == 1 and out["code"] == 50 and "iptables" in out["msg"]
+
+
+def test_gc_marks_only_this_networks_attachments_missing_from_the_valid_list(tmp_path):
+    state = tmp_path / "s"
+    for cid in ("keep", "gone"):
+        invoke("ADD", conf(state, "1.1.0"), cid=cid)
+    other = conf(state, "1.1.0", name="other-net")
+    invoke("ADD", other, cid="gone")
+    gc = conf(state, "1.1.0", prev=None, **{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "eth0"}]})
+    assert invoke("GC", gc, cid=None, netns=None, ifname=None) == (0, None)
+    state_of = {(r["network"], r["containerID"]): r["deleted"] is not None for r in records(state)}
+    assert state_of == {("nomad-reaper", "keep"): False, ("nomad-reaper", "gone"): True, ("other-net", "gone"): False}
+
+
+@pytest.mark.parametrize("valid", [None, "x", [1], [{"containerID": "../x", "ifname": "eth0"}],
+                                   [{"containerID": "a", "ifname": "e" * 16}], [{"ifname": "eth0"}]])
+def test_gc_refuses_a_missing_or_malformed_valid_list(tmp_path, valid):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state, "1.1.0"), cid="a")
+    gc = conf(state, "1.1.0", prev=None)
+    if valid is not None:
+        gc["cni.dev/valid-attachments"] = valid
+    rc, out = invoke("GC", gc, cid=None, netns=None, ifname=None)
+    assert rc == 1 and out["code"] == 7
+    assert records(state)[0]["deleted"] is None
