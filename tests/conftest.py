@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -11,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sandbox import REPO, Sandbox  # noqa: E402
+from sandbox import REPO, Sandbox, build_driver  # noqa: E402
 
 FLAVOURS = ("nft", "legacy")
 
@@ -40,25 +39,11 @@ def needs_root():
 
 
 @pytest.fixture(scope="session")
-def driver_bin(tmp_path_factory) -> str:
-    """Build the go-cni driver (tests/driver) offline, in GOPATH mode, once per source version."""
-    if not shutil.which("go"):
-        pytest.fail("go is not installed: run scripts/test.sh, which installs golang-go and go-cni")
-    src = REPO / "tests" / "driver" / "main.go"
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
-    cache = Path(os.environ.get("CNI_REAPER_CACHE", "/tmp/cni-reaper-test-cache"))
-    out = cache / f"reaperdriver-{digest}"
-    if not out.exists():
-        gopath = cache / "gopath"
-        pkg = gopath / "src" / "reaperdriver"
-        pkg.mkdir(parents=True, exist_ok=True)
-        shutil.copy(src, pkg / "main.go")
-        env = dict(os.environ, GO111MODULE="off", GOPATH=f"{gopath}:/usr/share/gocode",
-                   GOCACHE=str(cache / "gocache"), GOFLAGS="")
-        proc = subprocess.run(["go", "build", "-o", str(out), "."], cwd=pkg, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"building the go-cni driver failed:\n{proc.stderr}")
-    return str(out)
+def driver_bin() -> str:
+    try:
+        return build_driver()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _package_exe() -> str:

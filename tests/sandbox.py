@@ -9,6 +9,7 @@ cni-reaper's default state dir). The machine's own tables and /var/lib/cni are n
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -28,6 +29,29 @@ def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
 
 def unique(prefix: str) -> str:
     return f"{prefix}{os.getpid() % 100000}-{next(_counter)}"
+
+
+def build_driver() -> str:
+    """Build the go-cni driver (tests/driver) offline, in GOPATH mode, once per source version."""
+    if not shutil.which("go"):
+        raise RuntimeError("go is not installed: run scripts/setup.sh (golang-go, golang-github-containerd-go-cni-dev)")
+    src = REPO / "tests" / "driver" / "main.go"
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("CNI_REAPER_CACHE", "/tmp/cni-reaper-test-cache"))
+    out = cache / f"reaperdriver-{digest}"
+    if not out.exists():
+        gopath = cache / "gopath"
+        pkg = gopath / "src" / "reaperdriver"
+        pkg.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, pkg / "main.go")
+        env = dict(os.environ, GO111MODULE="off", GOPATH=f"{gopath}:/usr/share/gocode",
+                   GOCACHE=str(cache / "gocache"), GOFLAGS="")
+        tmp = out.with_suffix(f".{os.getpid()}")
+        proc = subprocess.run(["go", "build", "-o", str(tmp), "."], cwd=pkg, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the go-cni driver failed:\n{proc.stderr}")
+        tmp.rename(out)
+    return str(out)
 
 
 def flavour_bin_dir(root: Path, flavour: str) -> Path:

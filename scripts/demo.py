@@ -1,0 +1,85 @@
+"""The cni-reaper demo: two Nomad-style allocations through the shipped conflist, driven by containerd's
+go-cni (the library Nomad uses) with the real reference plugins and the built cni-reaper binary, all inside
+a throwaway "host" network namespace. Nothing on this machine's own tables is touched.
+
+Run by scripts/demo.sh after set-up and build.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from sandbox import Sandbox, build_driver  # noqa: E402
+
+
+def say(text: str) -> None:
+    print(f"\n== {text}")
+
+
+def show_records(sb: Sandbox) -> None:
+    rows = [("NETWORK", "CONTAINER ID", "IFNAME", "IPS", "PORTS", "NETNS", "STATE", "EARLIER")]
+    for r in sb.records():
+        cur = r["current"]
+        ports = ",".join(f"{p['hostPort']}->{p['containerPort']}/{p['protocol']}" for p in cur["portMappings"])
+        ips = ",".join(f"{i['address']}/{i['prefix']}" for i in cur["ips"])
+        rows.append((r["network"], r["containerID"], r["ifname"], ips, ports or "-", cur["netns"],
+                     "torn down" if r["deleted"] else "live", str(len(r["earlier"]))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def residue(sb: Sandbox, cid: str, ip: str) -> list[str]:
+    text = sb.save(table="nat") + sb.save(table="filter")
+    return [l for l in text.splitlines() if cid in l or f"{ip}/32" in l or f"{ip}:" in l]
+
+
+def main() -> int:
+    binary = REPO / "dist" / "cni-reaper" / "cni-reaper"
+    if not binary.exists():
+        print("build the binary first: scripts/build.sh", file=sys.stderr)
+        return 1
+    driver = build_driver()
+    with tempfile.TemporaryDirectory(prefix="cni-reaper-demo-") as tmp, \
+            Sandbox(Path(tmp), "nft", str(binary), driver) as sb:
+        conflist = sb.conflist()
+        say(f"throwaway host netns {sb.host}; conflist {conflist.name}: loopback, bridge, firewall, portmap, cni-reaper")
+        allocs = {}
+        for cid, port in (("3e803d29-4f9d-ad8b-adb6-31456a39db69", "8080"), ("9b1c5a77-0d2e-4c1f-8a3b-6f2e1d0c9a88", "8081")):
+            netns = sb.container()
+            proc = sb.driver("add", cid, netns, ports=(f"{port}:80/tcp", f"{port}:80/udp"),
+                             args=("IgnoreUnknown=true", f"NOMAD_ALLOC_ID={cid}"))
+            if proc.returncode != 0:
+                print(proc.stderr, file=sys.stderr)
+                return 1
+            ip = json.loads(proc.stdout)[-1]["ips"][0]["address"].split("/")[0]
+            allocs[cid] = (netns, port, ip)
+            say(f"ADD {cid} (netns {netns}, {ip}, host port {port}) through go-cni: ok")
+        say("records in the state directory")
+        show_records(sb)
+
+        cid, (netns, port, ip) = next(iter(allocs.items()))
+        say(f"the Nomad client goes down; {cid}'s netns is removed; the client comes back and stops it (DEL)")
+        sb.remove_container(netns)
+        proc = sb.driver("del", cid, netns, ports=(f"{port}:80/tcp", f"{port}:80/udp"))
+        print(f"  DEL exit status: {proc.returncode} {proc.stderr.strip()}")
+        show_records(sb)
+        left = residue(sb, cid, ip)
+        say(f"what the chain left behind for {cid} ({len(left)} netfilter lines)")
+        for line in left:
+            print("  " + line)
+        if not left:
+            print("  nothing: cni-reaper removed it")
+        say(f"state directory: {sb.state_dir()} (inside the sandbox: /var/lib/cni/reaper)")
+    say("sandbox removed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
