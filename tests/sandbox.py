@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,13 +124,23 @@ class Sandbox:
         return subprocess.run(wrapped, env=self.env(env), input=input, text=True, capture_output=True,
                               check=check, timeout=timeout)
 
-    def conflist(self, path: Path = SHIPPED_CONFLIST, **reaper_conf) -> Path:
-        """The shipped conflist (or another), with extra keys for cni-reaper; written into the sandbox."""
+    def conflist(self, path: Path = SHIPPED_CONFLIST, without_reaper: bool = False, name: str | None = None,
+                 bridge: str | None = None, subnet: str | None = None, **reaper_conf) -> Path:
+        """The shipped conflist (or another), with extra keys for cni-reaper; written into the sandbox.
+        `without_reaper` gives the reference chain alone (how leaks from before installation are made)."""
         data = json.loads(Path(path).read_text())
+        if name:
+            data["name"] = name
+        if without_reaper:
+            data["plugins"] = [p for p in data["plugins"] if p["type"] != "cni-reaper"]
         for plugin in data["plugins"]:
             if plugin["type"] == "cni-reaper":
                 plugin.update(reaper_conf)
-        out = self.root / f"{data['name']}.conflist"
+            if plugin["type"] == "bridge" and bridge:
+                plugin["bridge"] = bridge
+            if plugin["type"] == "bridge" and subnet:
+                plugin["ipam"]["ranges"] = [[{"subnet": subnet}]]
+        out = self.root / f"{data['name']}{'-plain' if without_reaper else ''}.conflist"
         out.write_text(json.dumps(data, indent=1))
         return out
 
@@ -160,6 +171,65 @@ class Sandbox:
         tool = "iptables-save" if family == 4 else "ip6tables-save"
         argv = [str(self.bin_dir / tool)] + (["-t", table] if table else [])
         return self.run(argv, check=True).stdout
+
+    def tables(self) -> str:
+        """nat and filter of both families, counters dropped: what 'byte-identical' is judged on."""
+        import re
+
+        text = "".join(self.save(f, t) for f in (4, 6) for t in ("nat", "filter"))
+        return "\n".join(re.sub(r" \[\d+:\d+\]$", "", l) for l in text.splitlines() if not l.startswith("#"))
+
+    def reservations(self, network: str) -> dict[str, str]:
+        d = self.cni_dir / "networks" / network
+        if not d.exists():
+            return {}
+        return {p.name: p.read_text().split()[0] for p in d.iterdir() if p.name[0].isdigit() or ":" in p.name}
+
+    def residue(self, network: str, cid: str, ips: list[str]) -> list[str]:
+        """Everything of (network, cid) in the tables and host-local: chains, tagged rules, firewall rules of
+        its IPs, reservations naming it."""
+        import hashlib
+
+        digest = hashlib.sha512((network + cid).encode()).hexdigest()
+        names = {("CNI-" + digest)[:28], ("CNI-DN-" + digest)[:28], ("CNI-SN-" + digest)[:28]}
+        out = []
+        for line in self.tables().splitlines():
+            if any(n in line for n in names) or f'id: \"{cid}\"' in line:
+                out.append(line)
+            elif line.startswith("-A CNI-FORWARD") and any(f" {ip}/" in line for ip in ips):
+                out.append(line)
+        out += [f"reservation {ip}" for ip, owner in self.reservations(network).items() if owner == cid]
+        return out
+
+    def reboot(self) -> None:
+        """A host reboot with restored rules (Nomad #18842): every namespace is gone, the saved rules are put
+        back into a fresh host netns, /var/lib/cni (records, reservations) survives."""
+        saved = {f: self.save(f) for f in (4, 6)}
+        for name in self.containers + [self.host]:
+            sh("ip", "netns", "del", name, check=False)
+        self.containers.clear()
+        self.host = unique("crt-h")
+        sh("ip", "netns", "add", self.host)
+        self.run(["ip", "link", "set", "lo", "up"])
+        self.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        for family, text in saved.items():
+            tool = "iptables-restore" if family == 4 else "ip6tables-restore"
+            self.run([str(self.bin_dir / tool)], input=text, check=True)
+
+    def serve(self, netns: str, port: int, reply: str) -> subprocess.Popen:
+        """A one-connection TCP server in a container netns that answers `reply`."""
+        code = ("import socket,sys;s=socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET);"
+                "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((sys.argv[1],int(sys.argv[2])));"
+                "s.listen(1);s.settimeout(20);c,_=s.accept();c.sendall(sys.argv[3].encode());c.close()")
+        proc = subprocess.Popen(["ip", "netns", "exec", os.path.basename(netns), sys.executable, "-c", code,
+                                 "0.0.0.0", str(port), reply], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return proc
+
+    def connect(self, ip: str, port: int, timeout: float = 3.0) -> str:
+        """Connect from the host netns; returns what the server said, or 'timeout'/'refused'."""
+        code = ("import socket,sys\ntry:\n s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=float(sys.argv[3]))\n"
+                " print(s.recv(100).decode())\nexcept socket.timeout:\n print('timeout')\nexcept OSError as e:\n print('refused', e)")
+        return self.run([sys.executable, "-c", code, ip, str(port), str(timeout)]).stdout.strip()
 
     def state_dir(self) -> Path:
         return self.cni_dir / "reaper"

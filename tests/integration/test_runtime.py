@@ -57,20 +57,3 @@ def test_check_adopts_a_missing_record(sandbox):
     assert proc.returncode == 0, proc.stderr
     record = sandbox.record(cid)
     assert record is not None and record["current"]["netnsId"]["ino"] == os.stat(netns).st_ino
-
-
-def test_re_add_after_restart_keeps_earlier_incarnation(sandbox):
-    """Nomad #6385: the alloc's netns vanished while the client was down; the client re-adds the same ID."""
-    first = sandbox.container()
-    cid = unique("alloc-")
-    assert sandbox.driver("add", cid, first).returncode == 0
-    old_ip = sandbox.record(cid)["current"]["ips"][0]["address"]
-    sandbox.remove_container(first)
-    second = sandbox.container()
-    refused = sandbox.driver("add", cid, second)
-    assert refused.returncode != 0 and "duplicate allocation" in refused.stderr  # host-local, as measured
-    assert sandbox.driver("del", cid, second).returncode == 0
-    assert sandbox.driver("add", cid, second).returncode == 0
-    record = sandbox.record(cid)
-    assert record["current"]["netns"] == second and record["deleted"] is None
-    assert any(inc["netns"] == first and inc["ips"][0]["address"] == old_ip for inc in record["earlier"])

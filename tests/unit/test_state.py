@@ -53,30 +53,40 @@ def test_repeated_add_of_the_same_life_keeps_no_earlier_incarnation(tmp_path):
     assert rec["earlier"] == []
 
 
-def test_re_add_with_new_ip_keeps_the_earlier_incarnation(tmp_path):
-    state = tmp_path / "s"
-    invoke("ADD", conf(state))
-    invoke("ADD", conf(state, prev=prev_result(address="172.26.64.9/20")))
-    [rec] = records(state)
-    assert rec["current"]["ips"][0]["address"] == "172.26.64.9"
-    assert [e["ips"][0]["address"] for e in rec["earlier"]] == ["172.26.64.2"]
+def _life(address, netns=NETNS):
+    from cni_reaper.attachment import incarnation, parse_prev_result
+
+    return incarnation(netns, parse_prev_result(prev_result(address=address)), [])
 
 
-def test_re_add_after_del_keeps_the_torn_down_life(tmp_path):
-    state = tmp_path / "s"
-    invoke("ADD", conf(state))
-    invoke("DEL", conf(state))
-    invoke("ADD", conf(state))
-    [rec] = records(state)
-    assert rec["deleted"] is None and len(rec["earlier"]) == 1
+def test_re_add_with_new_ip_keeps_the_earlier_incarnation():
+    from cni_reaper.attachment import merge
+
+    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
+    second, kept = merge(first, "n", "x", "eth0", _life("172.26.64.9/20"), {})
+    assert kept and second.current.ips[0].address == "172.26.64.9"
+    assert [e.ips[0].address for e in second.earlier] == ["172.26.64.2"]
+    same, kept = merge(second, "n", "x", "eth0", _life("172.26.64.9/20"), {})
+    assert not kept and len(same.earlier) == 1
 
 
-def test_earlier_incarnations_are_bounded(tmp_path):
-    state = tmp_path / "s"
+def test_re_add_after_del_keeps_the_torn_down_life():
+    from cni_reaper.attachment import merge, now
+    from cni_reaper.models import Tombstone
+
+    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
+    first.deleted = Tombstone(at=now(), netnsGone=True, hadPrevResult=True, hadPortMappings=True)
+    again, kept = merge(first, "n", "x", "eth0", _life("172.26.64.2/20"), {})
+    assert kept and again.deleted is None and len(again.earlier) == 1
+
+
+def test_earlier_incarnations_are_bounded():
+    from cni_reaper.attachment import merge
+
+    rec = None
     for i in range(2, 30):
-        assert invoke("ADD", conf(state, prev=prev_result(address=f"172.26.64.{i}/20")))[0] == 0
-    [rec] = records(state)
-    assert len(rec["earlier"]) == 16 and rec["earlier"][-1]["ips"][0]["address"] == "172.26.64.28"
+        rec, _ = merge(rec, "n", "x", "eth0", _life(f"172.26.64.{i}/20"), {})
+    assert len(rec.earlier) == 16 and rec.earlier[-1].ips[0].address == "172.26.64.28"
 
 
 def test_del_marks_a_tombstone_once(tmp_path):
@@ -186,13 +196,13 @@ def test_check_adopts_a_missing_record_and_passes(tmp_path):
     assert rec["current"]["netns"] == NETNS
 
 
-def test_check_repairs_a_stale_record_keeping_the_earlier_life(tmp_path):
+def test_check_repairs_a_stale_record(tmp_path, capfd):
     state = tmp_path / "s"
     invoke("ADD", conf(state, prev=prev_result(address="172.26.64.7/20")))
     assert invoke("CHECK", conf(state)) == (0, None)
     [rec] = records(state)
     assert rec["current"]["ips"][0]["address"] == "172.26.64.2"
-    assert rec["earlier"][0]["ips"][0]["address"] == "172.26.64.7"
+    assert "repaired" in capfd.readouterr().err
 
 
 def test_check_fails_when_the_netns_is_gone(tmp_path):
@@ -220,7 +230,7 @@ def test_status_reports_what_is_missing(tmp_path, monkeypatch):
     assert rc == 1 and out["code"] == 50 and "iptables" in out["msg"]
 
 
-def test_gc_marks_only_this_networks_attachments_missing_from_the_valid_list(tmp_path):
+def test_gc_drops_only_this_networks_attachments_missing_from_the_valid_list(tmp_path):
     state = tmp_path / "s"
     for cid in ("keep", "gone"):
         invoke("ADD", conf(state, "1.1.0"), cid=cid)
@@ -228,8 +238,7 @@ def test_gc_marks_only_this_networks_attachments_missing_from_the_valid_list(tmp
     invoke("ADD", other, cid="gone")
     gc = conf(state, "1.1.0", prev=None, **{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "eth0"}]})
     assert invoke("GC", gc, cid=None, netns=None, ifname=None) == (0, None)
-    state_of = {(r["network"], r["containerID"]): r["deleted"] is not None for r in records(state)}
-    assert state_of == {("nomad-reaper", "keep"): False, ("nomad-reaper", "gone"): True, ("other-net", "gone"): False}
+    assert {(r["network"], r["containerID"]) for r in records(state)} == {("nomad-reaper", "keep"), ("other-net", "gone")}
 
 
 @pytest.mark.parametrize("valid", [None, "x", [1], [{"containerID": "../x", "ifname": "eth0"}],

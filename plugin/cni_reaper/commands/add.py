@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import log
 from ..attachment import incarnation, merge, parse_prev_result
 from ..errors import INVALID_CONFIG, CniError
+from ..reconcile import safe_sweep
 from ..store import Store
 
 
@@ -24,6 +25,9 @@ def run(inv):
             existing = store.load(conf.name, inv.container_id, inv.ifname)
             record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args)
             store.save(record)
+            # the new life is recorded (so its addresses are protected); now clear what dead ones left,
+            # including DNAT jumps that would shadow this attachment's host ports
+            safe_sweep(store, conf)
     finally:
         store.close()
     if kept:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .. import log
 from ..attachment import incarnation, merge, parse_prev_result, same_life
 from ..errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
+from ..reconcile import safe_sweep
 from ..store import Store
 
 
@@ -24,10 +25,12 @@ def run(inv):
         with store.locked():
             existing = store.load(conf.name, inv.container_id, inv.ifname)
             if existing is not None and existing.deleted is None and same_life(existing.current, current):
+                safe_sweep(store, conf)
                 return None
             record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args or
                               (existing.cniArgs if existing else {}))
             store.save(record)
+            safe_sweep(store, conf)
     finally:
         store.close()
     if existing is None:

@@ -1,11 +1,14 @@
-"""GC (CNI 1.1): every recorded attachment of this network that is not in cni.dev/valid-attachments is dead."""
+"""GC (CNI 1.1): every attachment of this network that is not in cni.dev/valid-attachments is dead: its
+record, and also rules tagged for this network whose container ID is not valid (leaks from before
+cni-reaper was installed), and host-local reservations of invalid attachments."""
 
 from __future__ import annotations
 
 from .. import log, names
-from ..attachment import now
 from ..errors import INVALID_CONFIG, CniError
-from ..models import Tombstone
+from ..hostlocal import locked_networks
+from ..plan import Target, tagged_ids
+from ..reconcile import classify, clean, safe_sweep, targets_for
 from ..store import Store
 
 VALID_KEY = "cni.dev/valid-attachments"
@@ -31,23 +34,58 @@ def valid_attachments(raw: dict) -> set[tuple[str, str]]:
     return out
 
 
+def orphan_targets(conf, valid_ids: set[str], recorded_ids: set[str]) -> list[Target]:
+    """Containers with rules tagged for this network, neither valid nor recorded."""
+    from ..netfilter.backend import BackendError, select
+
+    found: dict[str, set[str]] = {}
+    try:
+        backend = select(conf.backend)
+        for family in (4, 6):
+            for cid, ips in tagged_ids(backend.read(family), conf.name).items():
+                found.setdefault(cid, set()).update(ips)
+    except BackendError as exc:
+        log.warn("GC could not read the tables; orphans not searched", error=str(exc))
+    return [Target(conf.name, cid, "", frozenset(ips), whole=True, any_source=True,
+                   parts=frozenset({"masq", "dnat", "forward"}), reason="GC orphan")
+            for cid, ips in sorted(found.items()) if cid not in valid_ids and cid not in recorded_ids]
+
+
+def release_invalid_reservations(conf, valid: set[tuple[str, str]], live_keys: set[tuple[str, str]]) -> int:
+    released = 0
+    with locked_networks(conf.ipamDataDir, [conf.name], conf.lockTimeout) as dirs:
+        d = dirs[conf.name]
+        for ip, (cid, ifname) in sorted(d.reservations().items()):
+            holder = {(cid, ifname)} if ifname else {(c, i) for c, i in valid | live_keys if c == cid}
+            if holder & (valid | live_keys):
+                continue
+            if d.release(ip, cid, ifname):
+                released += 1
+                log.info("removed", network=conf.name, containerID=cid, items=[f"host-local reservation {conf.name}/{ip}"])
+    return released
+
+
 def run(inv):
     conf = inv.conf
     valid = valid_attachments(inv.raw)
+    valid_ids = {cid for cid, _ in valid}
     store = Store(conf.stateDir, conf.lockTimeout).open()
-    marked = 0
     try:
         with store.locked():
-            for record in store.records():
-                if record.network != conf.name or record.deleted is not None:
-                    continue
-                if (record.containerID, record.ifname) in valid:
-                    continue
-                record.deleted = Tombstone(at=now(), netnsGone=False, hadPrevResult=False, hadPortMappings=False)
-                store.save(record)
-                marked += 1
+            records = list(store.records())
+            mine = [r for r in records if r.network == conf.name]
+            invalid = [r for r in mine if (r.containerID, r.ifname) not in valid]
+            targets = [t for r in invalid for t in targets_for(r, "dead")]
+            live_others = [r for r in records if r not in invalid and classify(r, conf.cniCacheDir) == "live"]
+            targets += orphan_targets(conf, valid_ids, {r.containerID for r in mine})
+            outcome = clean(targets, live_others, conf)
+            for r in invalid:
+                if r.key not in outcome.failed:
+                    store.remove(*r.key)
+            live_keys = {(r.containerID, r.ifname) for r in live_others if r.network == conf.name}
+            release_invalid_reservations(conf, valid, live_keys)
+            # other networks' dead attachments too, as on every verb
+            safe_sweep(store, conf, exclude=frozenset(r.key for r in mine))
     finally:
         store.close()
-    if marked:
-        log.info("GC marked attachments that are no longer valid", count=marked)
     return None

@@ -44,4 +44,23 @@ def run(inv):
     if problems:
         raise CniError(STATUS_NOT_AVAILABLE, "cni-reaper cannot serve ADD: " + "; ".join(problems),
                        "fix the state directory (stateDir) or install iptables, then retry")
+    _opportunistic_sweep(conf)
     return None
+
+
+def _opportunistic_sweep(conf) -> None:
+    """Sweep if the state directory exists and nobody holds its lock; STATUS itself never waits or fails."""
+    if not os.path.isdir(conf.stateDir):
+        return
+    from ..reconcile import safe_sweep
+    from ..store import Store
+
+    store = Store(conf.stateDir, lock_timeout=0)
+    try:
+        store.open(create=False)
+        with store.locked():
+            safe_sweep(store, conf)
+    except CniError:
+        pass
+    finally:
+        store.close()

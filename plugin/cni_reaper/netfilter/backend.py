@@ -1,0 +1,33 @@
+"""The one small interface every netfilter backend offers, and the choice of backend."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..plan import Op
+from .rules import Table
+
+
+class BackendError(Exception):
+    pass
+
+
+class Backend(Protocol):
+    flavour: str
+
+    def read(self, family: int) -> dict[str, Table]:
+        """The nat and filter tables of one family (4 or 6)."""
+
+    def apply(self, family: int, ops: list[Op]) -> None:
+        """Apply the operations, one transaction per table; raise BackendError if a transaction failed
+        (then nothing of that table's transaction was applied)."""
+
+
+def select(backend: str = "auto") -> Backend:
+    from .. import flavour as flavours
+    from .restore import SaveRestoreBackend
+
+    found, why = flavours.detect(backend)
+    if found is None:
+        raise BackendError(why)
+    return SaveRestoreBackend(found)

@@ -1,0 +1,63 @@
+"""Backend over iptables-{nft,legacy}-save and -restore: read the tables as text, delete with one
+`restore --noflush` transaction per table and family, the deletions written from the saved rule text.
+
+For legacy, restore takes the xtables lock itself (`-w`), so a concurrent writer's rules are not lost.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from .. import flavour as flavours
+from ..plan import Op
+from .backend import BackendError
+from .rules import Table, parse_save
+
+TABLES = ("nat", "filter")
+LOCK_WAIT_SECONDS = "5"
+TIMEOUT_SECONDS = 30
+
+
+class SaveRestoreBackend:
+    def __init__(self, flavour: str) -> None:
+        self.flavour = flavour
+
+    def _tool(self, family: int, kind: str) -> str:
+        name = f"{'ip6' if family == 6 else 'ip'}tables-{self.flavour}-{kind}"
+        path = flavours.which(name)
+        if path is None:
+            raise BackendError(f"{name} not found on PATH")
+        return path
+
+    def _run(self, argv: list[str], stdin: str | None = None) -> str:
+        env = dict(os.environ, LC_ALL="C")
+        try:
+            proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env, timeout=TIMEOUT_SECONDS)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BackendError(f"{os.path.basename(argv[0])}: {exc}") from None
+        if proc.returncode != 0:
+            raise BackendError(f"{os.path.basename(argv[0])} exited {proc.returncode}: {proc.stderr.strip()[:500]}")
+        return proc.stdout
+
+    def read(self, family: int) -> dict[str, Table]:
+        # one process for all tables: cheaper than one per table
+        tables = parse_save(self._run([self._tool(family, "save")]))
+        return {name: tables[name] for name in TABLES if name in tables}
+
+    def apply(self, family: int, ops: list[Op]) -> None:
+        by_table: dict[str, list[Op]] = {}
+        for op in ops:
+            by_table.setdefault(op.table, []).append(op)
+        if not by_table:
+            return
+        lines: list[str] = []
+        for table, table_ops in by_table.items():
+            lines.append(f"*{table}")
+            for op in sorted(table_ops, key=lambda o: o.kind == "chain"):
+                lines.extend(op.restore_lines())
+            lines.append("COMMIT")
+        argv = [self._tool(family, "restore"), "--noflush"]
+        if self.flavour == "legacy":
+            argv += ["-w", LOCK_WAIT_SECONDS]
+        self._run(argv, "\n".join(lines) + "\n")

@@ -1,0 +1,103 @@
+"""A parsed view of `iptables-save` output: tables, chains and rules with the fields ownership is decided on.
+
+Ownership is decided from parsed fields (chain, comment, target, source, DNAT destination), never from
+positions in the text. A rule keeps its exact saved text, from which a deletion (`-D CHAIN <text>`) is built.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Rule:
+    chain: str
+    spec: str  # the saved rule after "-A CHAIN ", exactly as iptables-save printed it
+    tokens: tuple[str, ...]
+    source: str | None = None
+    dest: str | None = None
+    dest_negated: bool = False
+    comment: str | None = None
+    target: str | None = None
+    to_destination: str | None = None
+
+    @property
+    def source_ip(self) -> str | None:
+        return self.source.split("/")[0] if self.source else None
+
+    @property
+    def dnat_ip(self) -> str | None:
+        """The address of `--to-destination 10.0.0.2:80` or `[fd00::2]:80`."""
+        dest = self.to_destination
+        if not dest:
+            return None
+        if dest.startswith("["):
+            return dest[1:].split("]")[0]
+        return dest.split(":")[0] if dest.count(":") == 1 or "." in dest else dest
+
+
+@dataclass
+class Table:
+    name: str
+    chains: dict[str, list[Rule]] = field(default_factory=dict)  # chain -> rules in order
+    builtin: set[str] = field(default_factory=set)
+
+    def rules(self):
+        for rules in self.chains.values():
+            yield from rules
+
+    def references(self, chain: str) -> list[Rule]:
+        """Rules anywhere in the table that jump or go to `chain`."""
+        return [r for r in self.rules() if r.target == chain]
+
+
+def parse_rule(chain: str, spec: str) -> Rule:
+    tokens = tuple(shlex.split(spec))
+    fields: dict[str, object] = {}
+    negate = False
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        if tok == "!":
+            negate = True
+            i += 1
+            continue
+        if tok in ("-s", "--source") and nxt is not None:
+            fields["source"] = None if negate else nxt
+        elif tok in ("-d", "--destination") and nxt is not None:
+            fields["dest"], fields["dest_negated"] = nxt, negate
+        elif tok == "--comment" and nxt is not None:
+            fields["comment"] = nxt
+        elif tok in ("-j", "-g", "--jump", "--goto") and nxt is not None:
+            fields["target"] = nxt
+        elif tok == "--to-destination" and nxt is not None:
+            fields["to_destination"] = nxt
+        negate = False
+        i += 1
+    return Rule(chain=chain, spec=spec, tokens=tokens, **fields)  # type: ignore[arg-type]
+
+
+def parse_save(text: str) -> dict[str, Table]:
+    """Parse `iptables-save` / `ip6tables-save` output into tables."""
+    tables: dict[str, Table] = {}
+    current: Table | None = None
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("*"):
+            current = tables.setdefault(line[1:].strip(), Table(line[1:].strip()))
+        elif current is None:
+            continue
+        elif line.startswith(":"):
+            name, _, rest = line[1:].partition(" ")
+            current.chains.setdefault(name, [])
+            if not rest.startswith("-"):
+                current.builtin.add(name)
+        elif line.startswith("-A "):
+            chain, _, spec = line[3:].partition(" ")
+            current.chains.setdefault(chain, []).append(parse_rule(chain, spec))
+        elif line == "COMMIT":
+            current = None
+    return tables
