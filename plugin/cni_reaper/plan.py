@@ -53,6 +53,7 @@ class Op:
     spec: str = ""
     owner: tuple[str, str] = ("", "")
     what: str = ""
+    index: int = -1  # for rules: position in the chain when planned (backends that delete by position check it)
 
     def restore_lines(self) -> list[str]:
         if self.kind == "rule":
@@ -93,7 +94,7 @@ class _Builder:
         if id(rule) in self._rule_ops:
             return
         self._rule_ops.add(id(rule))
-        self.plan.ops.append(Op("rule", table, rule.chain, rule.spec, owner, what))
+        self.plan.ops.append(Op("rule", table, rule.chain, rule.spec, owner, what, rule.index))
 
     def remaining_refs(self, table: Table, chain: str) -> list[Rule]:
         return [r for r in table.references(chain) if id(r) not in self._rule_ops and r.chain != chain]

@@ -71,6 +71,7 @@ class Outcome:
     failed: set[tuple[str, str, str]] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    backend: str = ""
 
     def note(self, key, what: str) -> None:
         self.removed.setdefault(key, []).append(what)
@@ -133,7 +134,8 @@ def clean(targets: list[Target], live_records, conf, backend=None, tombstoned_ke
         outcome.errors.append(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         outcome.failed |= {t.key for t in targets}
     for key, items in outcome.removed.items():
-        log.info("removed", network=key[0], containerID=key[1], ifname=key[2], items=items)
+        log.info("removed", network=key[0], containerID=key[1], ifname=key[2], items=items,
+                 backend=outcome.backend)
     for msg in outcome.skipped:
         log.info("left in place", why=msg)
     for err in outcome.errors:
@@ -158,6 +160,7 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome) -> Non
         return
     try:
         backend = backend or select(conf.backend)
+        outcome.backend = backend.name
     except BackendError as exc:
         outcome.errors.append(str(exc))
         outcome.failed |= {t.key for t in wanted}

@@ -70,6 +70,10 @@ def test_del_with_netns_gone_removes_everything_at_once(sandbox, variant):
     proc = sandbox.driver("del", cid, netns, PORTS, conflist)
     assert proc.returncode == 0, proc.stderr
     assert sandbox.residue(network, cid, ips) == []
+    # libcni hands the plugin's stderr (its JSON log lines) to the runtime: the legacy tables were changed
+    # in process through libiptc, the nft ones with one iptables-nft-restore transaction
+    backend = "python-iptables" if sandbox.flavour == "legacy" else "iptables-nft-restore"
+    assert f'"backend": "{backend}"' in proc.stderr, proc.stderr
 
 
 def test_del_without_port_mappings_removes_the_dnat_chain_and_jumps(sandbox):

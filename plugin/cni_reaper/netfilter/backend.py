@@ -14,6 +14,7 @@ class BackendError(Exception):
 
 class Backend(Protocol):
     flavour: str
+    name: str
 
     def read(self, family: int) -> dict[str, Table]:
         """The nat and filter tables of one family (4 or 6)."""
@@ -30,4 +31,9 @@ def select(backend: str = "auto") -> Backend:
     found, why = flavours.detect(backend)
     if found is None:
         raise BackendError(why)
+    if found == "legacy":
+        from . import iptc_backend
+
+        if iptc_backend.available():
+            return iptc_backend.IptcBackend()
     return SaveRestoreBackend(found)

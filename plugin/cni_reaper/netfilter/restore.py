@@ -22,6 +22,7 @@ TIMEOUT_SECONDS = 30
 class SaveRestoreBackend:
     def __init__(self, flavour: str) -> None:
         self.flavour = flavour
+        self.name = f"iptables-{flavour}-restore"
 
     def _tool(self, family: int, kind: str) -> str:
         name = f"{'ip6' if family == 6 else 'ip'}tables-{self.flavour}-{kind}"

@@ -21,6 +21,7 @@ class Rule:
     comment: str | None = None
     target: str | None = None
     to_destination: str | None = None
+    index: int = 0  # position in its chain at the time of the save
 
     @property
     def source_ip(self) -> str | None:
@@ -52,7 +53,7 @@ class Table:
         return [r for r in self.rules() if r.target == chain]
 
 
-def parse_rule(chain: str, spec: str) -> Rule:
+def parse_rule(chain: str, spec: str, index: int = 0) -> Rule:
     tokens = tuple(shlex.split(spec))
     fields: dict[str, object] = {}
     negate = False
@@ -76,7 +77,7 @@ def parse_rule(chain: str, spec: str) -> Rule:
             fields["to_destination"] = nxt
         negate = False
         i += 1
-    return Rule(chain=chain, spec=spec, tokens=tokens, **fields)  # type: ignore[arg-type]
+    return Rule(chain=chain, spec=spec, tokens=tokens, index=index, **fields)  # type: ignore[arg-type]
 
 
 def parse_save(text: str) -> dict[str, Table]:
@@ -97,7 +98,8 @@ def parse_save(text: str) -> dict[str, Table]:
                 current.builtin.add(name)
         elif line.startswith("-A "):
             chain, _, spec = line[3:].partition(" ")
-            current.chains.setdefault(chain, []).append(parse_rule(chain, spec))
+            rules = current.chains.setdefault(chain, [])
+            rules.append(parse_rule(chain, spec, len(rules)))
         elif line == "COMMIT":
             current = None
     return tables

@@ -1,0 +1,96 @@
+"""Backend for iptables-legacy through python-iptables (libiptc, in process).
+
+python-iptables only sees legacy tables, so this backend is never used for nft. Reading is done with
+`iptables-legacy-save` (the same parser as for nft, so ownership is decided identically); deletions are
+applied in process, one libiptc commit per table with autocommit off, under the xtables lock. Under that
+lock the table is read once more and every planned rule is checked at its position before anything is
+deleted: if a concurrent writer changed the chain, nothing is committed and the caller re-plans.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from ..plan import Op
+from .backend import BackendError
+from .restore import SaveRestoreBackend
+from .rules import Table
+from .xtables_lock import xtables_lock
+
+
+def _import_iptc():
+    if "XTABLES_LIBDIR" not in os.environ:  # spares python-iptables an `ldconfig` run at import
+        found = [d for d in glob.glob("/usr/lib/*/xtables") + ["/usr/lib/xtables", "/usr/lib64/xtables"]
+                 if os.path.isdir(d)]
+        if found:
+            os.environ["XTABLES_LIBDIR"] = found[0]
+    import iptc
+
+    return iptc
+
+
+def available() -> bool:
+    try:
+        _import_iptc()
+        return True
+    except Exception:  # noqa: BLE001 - missing libiptc or python-iptables: fall back to restore
+        return False
+
+
+class IptcBackend:
+    flavour = "legacy"
+    name = "python-iptables"
+
+    def __init__(self) -> None:
+        self._text = SaveRestoreBackend("legacy")
+
+    def read(self, family: int) -> dict[str, Table]:
+        return self._text.read(family)
+
+    def apply(self, family: int, ops: list[Op]) -> None:
+        iptc = _import_iptc()
+        by_table: dict[str, list[Op]] = {}
+        for op in ops:
+            by_table.setdefault(op.table, []).append(op)
+        with xtables_lock():
+            fresh = self._text.read(family)
+            for name, table_ops in by_table.items():
+                self._commit(iptc, family, name, fresh.get(name), table_ops)
+
+    def _commit(self, iptc, family: int, name: str, fresh: Table | None, ops: list[Op]) -> None:
+        if fresh is None:
+            raise BackendError(f"table {name} vanished")
+        table = (iptc.Table6 if family == 6 else iptc.Table)(name)
+        try:
+            table.autocommit = False
+            table.refresh()
+            doomed = []
+            for op in ops:
+                if op.kind != "rule":
+                    continue
+                rules = fresh.chains.get(op.chain, [])
+                if op.index >= len(rules) or rules[op.index].spec != op.spec:
+                    raise BackendError(f"{name} {op.chain} changed since it was read")
+                chain = iptc.Chain(table, op.chain)
+                live = chain.rules
+                if op.index >= len(live) or live[op.index].target.name != (rules[op.index].target or ""):
+                    raise BackendError(f"{name} {op.chain}: libiptc and iptables-legacy-save disagree")
+                doomed.append((chain, live[op.index]))
+            for chain, rule in doomed:
+                chain.delete_rule(rule)
+            for op in ops:
+                if op.kind == "chain":
+                    if op.chain not in fresh.chains:
+                        continue
+                    iptc.Chain(table, op.chain).flush()
+                    table.delete_chain(op.chain)
+            table.commit()
+        except iptc.IPTCError as exc:
+            raise BackendError(f"libiptc ({name}, ipv{family}): {exc}") from None
+        finally:
+            try:
+                table.refresh()  # drop any uncommitted change from this handle
+                table.autocommit = True
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,153 @@
+"""The planner decides ownership from parsed rules only. These cases are built from the rule shapes the
+reference plugins write (see ../shared/REFERENCE.md) plus look-alikes that must survive."""
+
+from __future__ import annotations
+
+from cni_reaper.netfilter import chains
+from cni_reaper.netfilter.rules import parse_rule, parse_save
+from cni_reaper.plan import Target, plan, tagged_ids
+
+N, X, Y = "nomad", "3e803d29-4f9d-ad8b-adb6-31456a39db69", "9b1c5a77-0d2e-4c1f-8a3b-6f2e1d0c9a88"
+
+
+def test_chain_names_match_the_reference_formula():
+    assert chains.masq_chain(N, X) == "CNI-6fcd2f53d5f720ec4eb5f04d"
+    assert chains.dnat_chain(N, X) == "CNI-DN-6fcd2f53d5f720ec4eb5f"
+
+
+def attachment(cid: str, ip: str, port: int) -> tuple[list[str], list[str]]:
+    m, d = chains.masq_chain(N, cid), chains.dnat_chain(N, cid)
+    tag = f'"name: \\"{N}\\" id: \\"{cid}\\""'
+    dtag = f'"dnat name: \\"{N}\\" id: \\"{cid}\\""'
+    nat = [
+        f":{m} - [0:0]", f":{d} - [0:0]",
+        f"-A POSTROUTING -s {ip}/32 -m comment --comment {tag} -j {m}",
+        f"-A {m} -d 172.26.64.0/20 -m comment --comment {tag} -j ACCEPT",
+        f"-A {m} ! -d 224.0.0.0/4 -m comment --comment {tag} -j MASQUERADE",
+        f"-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment {dtag} -m multiport --dports {port} -j {d}",
+        f"-A {d} -s 172.26.64.0/20 -p tcp -m tcp --dport {port} -j CNI-HOSTPORT-SETMARK",
+        f"-A {d} -p tcp -m tcp --dport {port} -j DNAT --to-destination {ip}:80",
+    ]
+    filt = [
+        f"-A CNI-FORWARD -d {ip}/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+        f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT",
+    ]
+    return nat, filt
+
+
+def tables(*extra_nat: str, attachments=((X, "172.26.64.2", 8080), (Y, "172.26.64.3", 8081))):
+    nat = [":PREROUTING ACCEPT [0:0]", ":POSTROUTING ACCEPT [0:0]", ":CNI-HOSTPORT-DNAT - [0:0]"]
+    filt = [":FORWARD ACCEPT [0:0]", ":CNI-FORWARD - [0:0]"]
+    for cid, ip, port in attachments:
+        n, f = attachment(cid, ip, port)
+        nat += n
+        filt += f
+    nat += list(extra_nat)
+    return parse_save("*nat\n" + "\n".join(nat) + "\nCOMMIT\n*filter\n" + "\n".join(filt) + "\nCOMMIT\n")
+
+
+def dead(cid=X, ips=("172.26.64.2",), **kw) -> Target:
+    return Target(N, cid, "eth0", frozenset(ips), whole=kw.pop("whole", True), **kw)
+
+
+def summary(p):
+    return sorted((op.kind, op.table, op.chain, op.spec if op.kind == "rule" else "") for op in p.ops)
+
+
+def test_comment_with_escaped_quotes_is_parsed():
+    r = parse_rule("POSTROUTING", f'-s 10.0.0.2/32 -m comment --comment "name: \\"{N}\\" id: \\"{X}\\"" -j CNI-x')
+    assert r.comment == f'name: "{N}" id: "{X}"' and r.source_ip == "10.0.0.2" and r.target == "CNI-x"
+
+
+def test_a_wholly_dead_attachment_loses_exactly_its_artifacts():
+    p = plan(tables(), [dead()], 4)
+    m, d = chains.masq_chain(N, X), chains.dnat_chain(N, X)
+    got = summary(p)
+    assert ("chain", "nat", m, "") in got and ("chain", "nat", d, "") in got
+    assert sum(1 for k, t, c, s in got if k == "rule" and c == "POSTROUTING") == 1
+    assert sum(1 for k, t, c, s in got if k == "rule" and c == "CNI-HOSTPORT-DNAT") == 1
+    assert sum(1 for k, t, c, s in got if k == "rule" and c == "CNI-FORWARD") == 2
+    assert len(got) == 6
+    assert not [o for o in p.ops if Y in o.spec or "172.26.64.3" in o.spec]
+
+
+def test_restore_text_deletes_rules_before_chains():
+    p = plan(tables(), [dead()], 4)
+    lines = [l for ops in p.by_table().values() for o in ops for l in o.restore_lines()]
+    first_chain = next(i for i, l in enumerate(lines) if l.startswith("-F"))
+    assert all(l.startswith("-D") for l in lines[:first_chain])
+
+
+def test_protected_ip_keeps_its_untagged_firewall_rules():
+    p = plan(tables(), [dead()], 4, protected={(N, X, "eth0"): {"172.26.64.2"}})
+    assert not [o for o in p.ops if o.chain == "CNI-FORWARD"]
+    assert any("in use" in s for s in p.skipped)
+
+
+def test_earlier_incarnation_of_a_live_attachment_keeps_the_shared_chains():
+    # X is live again with 172.26.64.9; its old life had .2: the old jump and the old DNAT go, chains stay
+    nat, _ = attachment(X, "172.26.64.9", 8080)
+    t = tables(f'-A POSTROUTING -s 172.26.64.9/32 -m comment --comment "name: \\"{N}\\" id: \\"{X}\\"" '
+               f"-j {chains.masq_chain(N, X)}",
+               f"-A {chains.dnat_chain(N, X)} -p tcp -m tcp --dport 8080 -j DNAT --to-destination 172.26.64.9:80")
+    p = plan(t, [dead(whole=False)], 4)
+    got = summary(p)
+    assert not [g for g in got if g[0] == "chain"]
+    assert [g[2] for g in got if g[0] == "rule"].count("POSTROUTING") == 1
+    assert any("172.26.64.2/32" in g[3] for g in got if g[2] == "POSTROUTING")
+    assert any("--to-destination 172.26.64.2:80" in g[3] for g in got)
+    assert not any("172.26.64.9" in g[3] for g in got)
+
+
+def test_dnat_chain_forwarding_to_a_newer_life_is_kept():
+    t = tables(f"-A {chains.dnat_chain(N, X)} -p udp -m udp --dport 8080 -j DNAT --to-destination 172.26.64.9:80")
+    p = plan(t, [dead()], 4)
+    assert ("chain", "nat", chains.dnat_chain(N, X), "") not in summary(p)
+    assert not [o for o in p.ops if o.chain == "CNI-HOSTPORT-DNAT"]
+
+
+def test_lookalikes_survive():
+    m = chains.masq_chain(N, X)
+    t = tables(
+        # a comment quoting the tag inside another string
+        f'-A POSTROUTING -s 172.26.64.2/32 -m comment --comment "copy of name: \\"{N}\\" id: \\"{X}\\"" -j {m}',
+        # the right tag, but not jumping to the chain the plugin would make for it
+        f'-A POSTROUTING -s 172.26.64.2/32 -m comment --comment "name: \\"{N}\\" id: \\"{X}\\"" -j MASQUERADE',
+        # a chain named CNI- plus other hex
+        ":CNI-0123456789abcdef01234567 - [0:0]",
+        "-A CNI-0123456789abcdef01234567 -j MASQUERADE",
+    )
+    p = plan(t, [dead()], 4)
+    specs = [o.spec for o in p.ops]
+    assert not any("copy of" in s for s in specs)
+    assert not any(s.endswith("-j MASQUERADE") and o.chain == "POSTROUTING" for s, o in zip(specs, p.ops))
+    # the look-alike jump into X's chain keeps the chain
+    assert ("chain", "nat", m, "") not in summary(p)
+    assert "CNI-0123456789abcdef01234567" not in {o.chain for o in p.ops}
+
+
+def test_a_rule_without_the_owner_tag_inside_the_chain_keeps_the_chain():
+    m = chains.masq_chain(N, X)
+    p = plan(tables(f"-A {m} -d 10.0.0.0/8 -j ACCEPT"), [dead()], 4)
+    assert ("chain", "nat", m, "") not in summary(p)
+
+
+def test_keep_masq_chain_during_a_del_with_live_netns():
+    p = plan(tables(), [dead(keep_masq_chain=True)], 4)
+    assert ("chain", "nat", chains.masq_chain(N, X), "") not in summary(p)
+    assert ("chain", "nat", chains.dnat_chain(N, X), "") in summary(p)
+
+
+def test_ipv6_firewall_rules_use_128():
+    v6 = parse_save("*filter\n:CNI-FORWARD - [0:0]\n"
+                    "-A CNI-FORWARD -d fd00::2/128 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n"
+                    "-A CNI-FORWARD -s fd00::2/128 -j ACCEPT\n-A CNI-FORWARD -s fd00::3/128 -j ACCEPT\nCOMMIT\n")
+    p = plan(v6, [dead(ips=("172.26.64.2", "fd00::2"), parts=frozenset({"forward"}))], 6)
+    assert len(p.ops) == 2 and all("fd00::2/128" in o.spec for o in p.ops)
+
+
+def test_tagged_ids_finds_unrecorded_attachments_and_ignores_lookalikes():
+    t = tables(f'-A POSTROUTING -s 172.26.64.7/32 -m comment --comment "name: \\"{N}\\" id: \\"fake\\"" -j MASQUERADE')
+    found = tagged_ids(t, N)
+    assert found == {X: {"172.26.64.2"}, Y: {"172.26.64.3"}}
+    assert tagged_ids(t, "other") == {}
