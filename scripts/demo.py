@@ -64,18 +64,37 @@ def main() -> int:
         say("records in the state directory")
         show_records(sb)
 
-        cid, (netns, port, ip) = next(iter(allocs.items()))
+        (cid, (netns, port, ip)), (cid_b, (netns_b, port_b, ip_b)) = allocs.items()
         say(f"the Nomad client goes down; {cid}'s netns is removed; the client comes back and stops it (DEL)")
         sb.remove_container(netns)
         proc = sb.driver("del", cid, netns, ports=(f"{port}:80/tcp", f"{port}:80/udp"))
-        print(f"  DEL exit status: {proc.returncode} {proc.stderr.strip()}")
-        show_records(sb)
+        print(f"  DEL exit status: {proc.returncode}")
+        for line in proc.stderr.splitlines():
+            if '"removed"' in line:
+                print("  log: " + line)
         left = residue(sb, cid, ip)
-        say(f"what the chain left behind for {cid} ({len(left)} netfilter lines)")
+        say(f"what is left of {cid} ({len(left)} netfilter lines; the reference plugins alone leave 3 here)")
         for line in left:
             print("  " + line)
-        if not left:
-            print("  nothing: cni-reaper removed it")
+        show_records(sb)
+
+        say(f"{cid_b}'s netns vanishes and no DEL ever comes; a new allocation asks for the same host port {port_b}")
+        sb.remove_container(netns_b)
+        new = "5d2c7e10-8a41-4b6e-9c3f-0e1d2a3b4c5d"
+        netns_c = sb.container()
+        proc = sb.driver("add", new, netns_c, ports=(f"{port_b}:80/tcp", f"{port_b}:80/udp"))
+        print(f"  ADD exit status: {proc.returncode}; left of {cid_b}: {len(residue(sb, cid_b, ip_b))} netfilter lines")
+        server = sb.serve(netns_c, 80, f"hello from {new[:8]}")
+        try:
+            answer = ""
+            for _ in range(20):
+                answer = sb.connect("172.26.64.1", int(port_b))
+                if not answer.startswith("refused"):
+                    break
+            print(f"  TCP connect to the host port {port_b} answers: {answer!r}")
+        finally:
+            server.kill()
+        show_records(sb)
         say(f"state directory: {sb.state_dir()} (inside the sandbox: /var/lib/cni/reaper)")
     say("sandbox removed")
     return 0
