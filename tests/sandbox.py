@@ -74,6 +74,7 @@ class Sandbox:
         self.driver_bin = driver
         self.cni_dir = root / "var-lib-cni"  # mounted over /var/lib/cni inside the sandbox
         self.cni_dir.mkdir(parents=True, exist_ok=True)
+        self.log_file = root / "cni-reaper.log"
         self.plugin_dir = root / "plugins"
         self.plugin_dir.mkdir(exist_ok=True)
         (self.plugin_dir / "cni-reaper").symlink_to(reaper)
@@ -133,6 +134,7 @@ class Sandbox:
             data["name"] = name
         if without_reaper:
             data["plugins"] = [p for p in data["plugins"] if p["type"] != "cni-reaper"]
+        reaper_conf.setdefault("logFile", str(self.log_file))
         for plugin in data["plugins"]:
             if plugin["type"] == "cni-reaper":
                 plugin.update(reaper_conf)

@@ -101,10 +101,13 @@ class NetworkDir:
                 out[name] = who
         return out
 
+    def would_release(self, ip: str, container_id: str, ifname: str) -> bool:
+        who = self.owner(ip)  # an empty ifname (an orphan known only by its tags) matches any
+        return who is not None and who[0] == container_id and (not who[1] or not ifname or who[1] == ifname)
+
     def release(self, ip: str, container_id: str, ifname: str) -> bool:
         """Remove the reservation of `ip` if it names this container (and ifname, where recorded)."""
-        who = self.owner(ip)
-        if who is None or who[0] != container_id or (who[1] and who[1] != ifname):
+        if not self.would_release(ip, container_id, ifname):
             return False
         try:
             os.unlink(ip, dir_fd=self.fd)

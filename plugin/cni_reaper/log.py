@@ -1,15 +1,27 @@
-"""Diagnostics. In CNI mode stdout belongs to the protocol, so every line goes to stderr as one JSON object.
+"""Diagnostics: one JSON object per line, to stderr (libcni hands it to the runtime's log) and to a log file.
 
+In CNI mode stdout belongs to the protocol. The file (config `logFile`, default /var/log/cni-reaper.log,
+"" to disable) is size-bounded: past MAX_BYTES it is renamed to `<file>.1` and a new one is started.
 A failure to log never fails a verb.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
+DEFAULT_LOG_FILE = "/var/log/cni-reaper.log"
+MAX_BYTES = 10 << 20
+
 _context: dict[str, str] = {}
+_settings = {"file": "", "stderr": True, "min_stderr": "info"}
+_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+
+
+def configure(log_file: str | None = None, stderr: bool = True, min_stderr: str = "info") -> None:
+    _settings.update(file=log_file or "", stderr=stderr, min_stderr=min_stderr)
 
 
 def bind(**fields: str) -> None:
@@ -17,13 +29,37 @@ def bind(**fields: str) -> None:
     _context.update({k: v for k, v in fields.items() if v})
 
 
-def event(level: str, msg: str, **fields: object) -> None:
-    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": level, "msg": msg}
-    line.update(_context)
-    line.update(fields)
+def _to_file(path: str, line: str) -> None:
     try:
-        sys.stderr.write(json.dumps(line, default=str) + "\n")
-        sys.stderr.flush()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_size > MAX_BYTES:
+            try:
+                os.rename(path, path + ".1")
+            except OSError:
+                pass
+            os.close(fd)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+        os.write(fd, line.encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def event(level: str, msg: str, **fields: object) -> None:
+    try:
+        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": level, "msg": msg}
+        entry.update(_context)
+        entry.update(fields)
+        line = json.dumps(entry, default=str) + "\n"
+        if _settings["file"]:
+            _to_file(_settings["file"], line)
+        if _settings["stderr"] and _LEVELS.get(level, 1) >= _LEVELS[_settings["min_stderr"]]:
+            sys.stderr.write(line)
+            sys.stderr.flush()
     except Exception:  # noqa: BLE001 - logging must never fail a verb
         pass
 

@@ -11,6 +11,10 @@ def main() -> int:
         from .shell import main_cni
 
         return main_cni(os.environ)
+    if len(sys.argv) > 1:
+        from .cli import main as cli_main
+
+        return cli_main(sys.argv[1:])
     from .shell import about
     from .versions import SUPPORTED
 

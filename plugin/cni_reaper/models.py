@@ -74,6 +74,7 @@ class PluginConf(BaseModel):
     cniCacheDir: str = DEFAULT_CNI_CACHE_DIR
     backend: Literal["auto", "nft", "legacy"] = "auto"
     lockTimeout: float = Field(default=10.0, gt=0, le=300)
+    logFile: str = "/var/log/cni-reaper.log"
     prevResult: dict[str, Any] | None = None
     runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
@@ -81,6 +82,11 @@ class PluginConf(BaseModel):
     @classmethod
     def _paths(cls, v: str, info) -> str:
         return _absolute_path(v, info.field_name)
+
+    @field_validator("logFile")
+    @classmethod
+    def _log_path(cls, v: str) -> str:
+        return _absolute_path(v, "logFile") if v else v
 
 
 class ResultIP(BaseModel):

@@ -89,6 +89,7 @@ class _Builder:
         self.plan = Plan()
         self._rule_ops: set[int] = set()  # id() of rules already planned
         self._chains: set[tuple[str, str]] = set()
+        self._forward_shapes: dict[tuple[str, ...], tuple[str, tuple[str, str]]] = {}
 
     def delete_rule(self, table: str, rule: Rule, owner: tuple[str, str], what: str) -> None:
         if id(rule) in self._rule_ops:
@@ -158,20 +159,24 @@ class _Builder:
             self.delete_chain("nat", schain, owner, None, "old hostport SNAT chain")
 
     def forward(self, t: Target, ips: set[str], protected: set[str]) -> None:
-        filt = self.tables.get("filter")
-        if filt is None:
-            return
+        """Collect the firewall plugin's rule shapes for this target's dead IPs; matched in one pass later."""
         bits = _host_prefix(self.family)
-        shapes = {}
         for ip in ips - protected:
-            shapes[("-s", f"{ip}/{bits}", "-j", "ACCEPT")] = ip
-            shapes[("-d", f"{ip}/{bits}", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")] = ip
-        for rule in filt.chains.get("CNI-FORWARD", []):
-            ip = shapes.get(rule.tokens)
-            if ip is not None:
-                self.delete_rule("filter", rule, (t.network, t.container_id), f"firewall rule for {ip}")
+            owner = (t.network, t.container_id)
+            self._forward_shapes[("-s", f"{ip}/{bits}", "-j", "ACCEPT")] = (ip, owner)
+            self._forward_shapes[("-d", f"{ip}/{bits}", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
+                                  "-j", "ACCEPT")] = (ip, owner)
         for ip in sorted(ips & protected):
             self.plan.skipped.append(f"filter CNI-FORWARD rules of {ip}: the address is in use by another attachment")
+
+    def finish(self) -> Plan:
+        filt = self.tables.get("filter")
+        if filt is not None and self._forward_shapes:
+            for rule in filt.chains.get("CNI-FORWARD", []):
+                hit = self._forward_shapes.get(rule.tokens)
+                if hit is not None:
+                    self.delete_rule("filter", rule, hit[1], f"firewall rule for {hit[0]}")
+        return self.plan
 
 
 def plan(tables: dict[str, Table], targets: list[Target], family: int,
@@ -186,25 +191,31 @@ def plan(tables: dict[str, Table], targets: list[Target], family: int,
             b.dnat(t, ips)
         if "forward" in t.parts:
             b.forward(t, ips, (protected or {}).get(t.key, set()))
-    return b.plan
+    return b.finish()
 
 
 def tagged_ids(tables: dict[str, Table], network: str) -> dict[str, set[str]]:
     """Container IDs that have rules tagged for `network` in these tables, with the source IPs of their
     masquerade jumps (used by GC to find attachments cni-reaper never recorded)."""
-    out: dict[str, set[str]] = {}
+    return {cid: ips for (net, cid), ips in tagged_networks(tables).items() if net == network}
+
+
+def tagged_networks(tables: dict[str, Table]) -> dict[tuple[str, str], set[str]]:
+    """(network, container ID) of every rule tagged the way bridge and portmap tag theirs and jumping to the
+    chain they would make for that pair, with the source IPs of the masquerade jumps."""
+    out: dict[tuple[str, str], set[str]] = {}
     nat = tables.get("nat")
     if nat is None:
         return out
     for rule in nat.rules():
         m = _TAG.match(rule.comment or "")
-        if not m or m.group(2) != network:
+        if not m:
             continue
-        cid = m.group(3)
+        network, cid = m.group(2), m.group(3)
         expected = {None: chains.masq_chain, "dnat": chains.dnat_chain, "snat": chains.snat_chain}[m.group(1)](network, cid)
         if rule.target != expected:
             continue  # a look-alike: tagged, but not jumping to the chain the plugins would make for it
-        ips = out.setdefault(cid, set())
+        ips = out.setdefault((network, cid), set())
         if m.group(1) is None and rule.source_ip:
             ips.add(rule.source_ip)
     return out

@@ -72,35 +72,46 @@ class Outcome:
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     backend: str = ""
+    dry_run: bool = False
+
+    @property
+    def count(self) -> int:
+        return sum(len(v) for v in self.removed.values())
 
     def note(self, key, what: str) -> None:
         self.removed.setdefault(key, []).append(what)
 
 
 def _protected(targets: list[Target], live_records, dirs: dict[str, NetworkDir], fresh_owner_ok) -> dict:
-    """Per target: IPs whose untagged (firewall) rules must stay."""
-    live_ips = {}
+    """Per target: those of its dead IPs whose untagged (firewall) rules must stay, because a live
+    attachment holds the IP or host-local has given it to another container."""
+    live_ips: dict[str, set] = {}
     for rec in live_records:
         for ip in _ips([rec.current]):
             live_ips.setdefault(ip, set()).add(rec.key)
     out = {}
     for t in targets:
-        prot = {ip for ip, keys in live_ips.items() if keys - {t.key}}
-        if not t.whole:
-            prot |= {ip for ip, keys in live_ips.items() if t.key in keys}
+        prot = set()
         for ip in t.dead_ips:
+            holders = live_ips.get(ip, set())
+            if holders - {t.key} or (not t.whole and t.key in holders):
+                prot.add(ip)
+                continue
             for d in dirs.values():
                 who = d.owner(ip)
                 if who is not None and (who[0] != t.container_id or not fresh_owner_ok(t, d.network)):
                     prot.add(ip)
+                    break
         out[t.key] = prot
     return out
 
 
-def clean(targets: list[Target], live_records, conf, backend=None, tombstoned_keys=frozenset()) -> Outcome:
+def clean(targets: list[Target], live_records, conf, backend=None, tombstoned_keys=frozenset(),
+          dry_run: bool = False) -> Outcome:
     """Remove what `targets` left behind, in both families, and their reservations. Never raises for a
-    netfilter failure: failures are logged and reported in the outcome (the record stays for a retry)."""
-    outcome = Outcome()
+    netfilter failure: failures are logged and reported in the outcome (the record stays for a retry).
+    With dry_run, plan and report only: nothing is changed."""
+    outcome = Outcome(dry_run=dry_run)
     if not targets:
         return outcome
 
@@ -119,13 +130,15 @@ def clean(targets: list[Target], live_records, conf, backend=None, tombstoned_ke
                 all_dirs[n] = NetworkDir(conf.ipamDataDir, n)
             try:
                 protected = _protected(targets, live_records, all_dirs, fresh_owner_ok)
-                _clean_netfilter(targets, protected, conf, backend, outcome)
+                _clean_netfilter(targets, protected, conf, backend, outcome, dry_run)
                 for t in targets:
                     # after a finished DEL host-local has released X's addresses: any naming X now are a newer life's
                     if "reservation" not in t.parts or t.key in tombstoned_keys:
                         continue
                     for ip in sorted(t.dead_ips):
-                        if dirs[t.network].release(ip, t.container_id, t.ifname):
+                        d = dirs[t.network]
+                        act = d.would_release if dry_run else d.release
+                        if act(ip, t.container_id, t.ifname):
                             outcome.note(t.key, f"host-local reservation {t.network}/{ip}")
             finally:
                 for n in other:
@@ -133,6 +146,8 @@ def clean(targets: list[Target], live_records, conf, backend=None, tombstoned_ke
     except Exception as exc:  # noqa: BLE001 - the clean-up never breaks a verb
         outcome.errors.append(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         outcome.failed |= {t.key for t in targets}
+    if dry_run:
+        return outcome
     for key, items in outcome.removed.items():
         log.info("removed", network=key[0], containerID=key[1], ifname=key[2], items=items,
                  backend=outcome.backend)
@@ -152,7 +167,7 @@ def _families(targets: list[Target]) -> list[int]:
     return sorted(fams)
 
 
-def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome) -> None:
+def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_run: bool = False) -> None:
     from .netfilter.backend import BackendError, select
 
     wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
@@ -171,7 +186,7 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome) -> Non
             try:
                 tables = backend.read(family)
                 p = plan(tables, wanted, family, protected)
-                if p.ops:
+                if p.ops and not dry_run:
                     backend.apply(family, p.ops)
                 for op in p.ops:
                     key = next(t.key for t in wanted if (t.network, t.container_id) == op.owner)
@@ -209,23 +224,25 @@ def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome, fir
 
 # -- sweeps ------------------------------------------------------------------------------------------
 def sweep(store, conf, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
-          records=None) -> Outcome:
+          records=None, dry_run: bool = False, only_network: str | None = None) -> Outcome:
     """Clean every dead record, every ready tombstone and every earlier incarnation; then drop or trim the
     records that were cleaned. Costs one stat per record (plus one per tombstone) when nothing is stale."""
     records = list(store.records()) if records is None else records
     states = {r.key: classify(r, conf.cniCacheDir) for r in records}
     targets: list[Target] = list(extra or [])
     for r in records:
-        if r.key in exclude:
+        if r.key in exclude or (only_network and r.network != only_network):
             continue
         targets += targets_for(r, states[r.key])
     if not targets:
-        return Outcome()
+        return Outcome(dry_run=dry_run)
     live = [r for r in records if states[r.key] == "live" or r.key in exclude]
     tombstoned = frozenset(r.key for r in records if states[r.key] == DONE)
-    outcome = clean(targets, live, conf, tombstoned_keys=tombstoned)
+    outcome = clean(targets, live, conf, tombstoned_keys=tombstoned, dry_run=dry_run)
+    if dry_run:
+        return outcome
     for r in records:
-        if r.key in exclude or r.key in outcome.failed:
+        if r.key in exclude or r.key in outcome.failed or (only_network and r.network != only_network):
             continue
         state = states[r.key]
         if state in SWEEPABLE:

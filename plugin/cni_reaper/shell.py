@@ -146,6 +146,7 @@ def run(env: Mapping[str, str], stdin: IO[bytes], stdout: IO[str]) -> int:
     seen: dict[str, Any] = {}
     try:
         inv = build_invocation(env, stdin, seen)
+        log.configure(inv.conf.logFile)
         log.bind(verb=inv.command, network=inv.raw.get("name", ""), containerID=inv.container_id)
         from .commands import dispatch
 

@@ -36,7 +36,7 @@ def test_bundle_runs_with_every_python_hidden_and_through_a_symlink(tmp_path):
               f'exec "{link}"')
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x",
            "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "eth0", "CNI_PATH": str(link.parent)}
-    conf = {"cniVersion": "1.0.0", "name": "n", "type": "cni-reaper", "stateDir": str(tmp_path / "s"),
+    conf = {"cniVersion": "1.0.0", "name": "n", "type": "cni-reaper", "stateDir": str(tmp_path / "s"), "logFile": "",
             "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.9.0.2/24"}]}}
     proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
                           input=json.dumps(conf), capture_output=True, text=True)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 from cni_reaper import shell
 
@@ -23,7 +24,8 @@ def prev_result(version: str = "1.0.0", address: str = "172.26.64.2/20", netns: 
 
 
 def conf(state_dir, version: str = "1.0.0", prev: dict | None = "default", **extra) -> dict:
-    c = {"cniVersion": version, "name": "nomad-reaper", "type": "cni-reaper", "stateDir": str(state_dir)}
+    c = {"cniVersion": version, "name": "nomad-reaper", "type": "cni-reaper", "stateDir": str(state_dir),
+         "logFile": str(Path(state_dir).parent / "cni-reaper.log")}
     if prev == "default":
         prev = prev_result(version)
     if prev is not None:

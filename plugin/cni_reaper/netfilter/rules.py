@@ -43,14 +43,21 @@ class Table:
     name: str
     chains: dict[str, list[Rule]] = field(default_factory=dict)  # chain -> rules in order
     builtin: set[str] = field(default_factory=set)
+    _by_target: dict[str, list[Rule]] | None = field(default=None, repr=False, compare=False)
 
     def rules(self):
         for rules in self.chains.values():
             yield from rules
 
     def references(self, chain: str) -> list[Rule]:
-        """Rules anywhere in the table that jump or go to `chain`."""
-        return [r for r in self.rules() if r.target == chain]
+        """Rules anywhere in the table that jump or go to `chain` (indexed: sweeps of thousands stay linear)."""
+        if self._by_target is None:
+            index: dict[str, list[Rule]] = {}
+            for r in self.rules():
+                if r.target:
+                    index.setdefault(r.target, []).append(r)
+            self._by_target = index
+        return self._by_target.get(chain, [])
 
 
 def parse_rule(chain: str, spec: str, index: int = 0) -> Rule:
