@@ -58,9 +58,10 @@ def test_6385_restart_sequence_leaves_nothing_and_the_final_del_succeeds(sandbox
     assert sandbox.record(cid) is None
 
 
-@pytest.mark.parametrize("variant", ["ipv4", "dualstack"])
+@pytest.mark.parametrize("variant", ["ipv4", "dualstack", "custom-network"])
 def test_del_with_netns_gone_removes_everything_at_once(sandbox, variant):
-    conflist = sandbox.conflist(DUALSTACK) if variant == "dualstack" else sandbox.conflist()
+    shipped = {"dualstack": DUALSTACK, "custom-network": REPO / "conflist" / "custom-network.conflist"}
+    conflist = sandbox.conflist(shipped[variant]) if variant in shipped else sandbox.conflist()
     network = json.loads(conflist.read_text())["name"]
     cid = unique("alloc-")
     netns = sandbox.container()

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Install cni-reaper on a Nomad client (as root), or into a throwaway root with --prefix.
+#
+#   scripts/install.sh [--prefix DIR] [--bundle DIR] [--conflist FILE|none] [--force]
+#   scripts/install.sh [--prefix DIR] --uninstall
+#
+# Installs the one-folder bundle into /opt/cni-reaper/, links /opt/cni/bin/cni-reaper to it, copies the
+# conflist (default conflist/nomad-reaper.conflist) into /opt/cni/config/, and checks that the reference
+# plugins the conflist chains are present (in /opt/cni/bin or /usr/lib/cni). Idempotent. What it installed
+# is listed in /opt/cni-reaper/.manifest; --uninstall removes exactly that and nothing else (not the records
+# in /var/lib/cni/reaper, not the log).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+prefix="" bundle="" conflist="$here/conflist/nomad-reaper.conflist" uninstall=0 force=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefix) prefix=${2%/}; shift 2 ;;
+    --bundle) bundle=$2; shift 2 ;;
+    --conflist) conflist=$2; shift 2 ;;
+    --uninstall) uninstall=1; shift ;;
+    --force) force=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+home="$prefix/opt/cni-reaper"
+bindir="$prefix/opt/cni/bin"
+confdir="$prefix/opt/cni/config"
+link="$bindir/cni-reaper"
+manifest="$home/.manifest"
+say() { echo "install.sh: $*"; }
+
+if [ "$uninstall" = 1 ]; then
+  if [ ! -f "$manifest" ]; then say "nothing to uninstall ($manifest not found)"; exit 0; fi
+  dirs=$(grep '^dir ' "$manifest" | cut -d' ' -f2 | sort -r || true)
+  while read -r kind path sum; do
+    case "$kind" in
+      link) if [ -L "$prefix$path" ] && [ "$(readlink "$prefix$path")" = "$sum" ]; then rm -f "$prefix$path"; say "removed $path"
+            else say "left $path: it is not the link this script made"; fi ;;
+      file) if [ -f "$prefix$path" ] && [ "$(sha256sum < "$prefix$path" | cut -d' ' -f1)" = "$sum" ]; then rm -f "$prefix$path"; say "removed $path"
+            elif [ -e "$prefix$path" ]; then say "left $path: it was changed after installation"; fi ;;
+    esac
+  done < "$manifest"
+  rm -rf "$home"
+  say "removed /opt/cni-reaper"
+  for d in $dirs; do rmdir "$prefix$d" 2>/dev/null && say "removed empty $d" || true; done
+  exit 0
+fi
+
+if [ -z "$bundle" ]; then
+  bundle="$here/dist/cni-reaper"
+  [ -x "$bundle/cni-reaper" ] || "$here/scripts/build.sh"
+fi
+[ -x "$bundle/cni-reaper" ] || { echo "install.sh: no bundle at $bundle (run scripts/build.sh)" >&2; exit 1; }
+
+# the reference plugins the conflist chains must be where Nomad looks for them
+if [ "$conflist" != none ]; then
+  [ -f "$conflist" ] || { echo "install.sh: no conflist $conflist" >&2; exit 1; }
+  missing=()
+  for t in $(python3 -c 'import json,sys; print(" ".join(p["type"] for p in json.load(open(sys.argv[1]))["plugins"]))' "$conflist"); do
+    [ "$t" = cni-reaper ] && continue
+    [ -x "$bindir/$t" ] || [ -x "/usr/lib/cni/$t" ] || missing+=("$t")
+  done
+  for t in $(python3 -c 'import json,sys; print(" ".join(p["ipam"]["type"] for p in json.load(open(sys.argv[1]))["plugins"] if "ipam" in p))' "$conflist"); do
+    [ -x "$bindir/$t" ] || [ -x "/usr/lib/cni/$t" ] || missing+=("$t")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "install.sh: the conflist chains plugins that are not installed: ${missing[*]}" >&2
+    echo "  install them (Debian: apt-get install containernetworking-plugins) into /opt/cni/bin or /usr/lib/cni," >&2
+    echo "  and list that directory in the Nomad client's cni_path" >&2
+    exit 1
+  fi
+fi
+
+created=()
+for d in "$prefix/opt" "$prefix/opt/cni" "$bindir" "$confdir"; do
+  [ -d "$d" ] || { mkdir -p "$d"; created+=("${d#"$prefix"}"); }
+done
+# directories made by an earlier run of this script stay ours
+prev_dirs=$(grep '^dir ' "$manifest" 2>/dev/null | cut -d' ' -f2 || true)
+# the bundle: copied beside, then swapped in, so a running invocation never sees half a bundle
+rm -rf "$home.new"
+cp -a "$bundle" "$home.new"
+rm -rf "$home.old"
+[ -d "$home" ] && mv "$home" "$home.old"
+mv "$home.new" "$home"
+rm -rf "$home.old"
+
+target="../../cni-reaper/cni-reaper"  # relative: valid both in / and in a prefix
+if [ -e "$link" ] && [ ! -L "$link" ] && [ "$force" != 1 ]; then
+  echo "install.sh: $link exists and is not a link; move it away or use --force" >&2; exit 1
+fi
+ln -sfn "$target" "$link"
+printf 'link %s %s\n' /opt/cni/bin/cni-reaper "$target" > "$manifest"
+for d in $prev_dirs "${created[@]}"; do printf 'dir %s\n' "$d" >> "$manifest"; done
+
+if [ "$conflist" != none ]; then
+  dest="$confdir/$(basename "$conflist")"
+  if [ -f "$dest" ] && ! cmp -s "$conflist" "$dest" && [ "$force" != 1 ]; then
+    echo "install.sh: $dest exists with other content; use --force to replace it" >&2; exit 1
+  fi
+  install -m 0644 "$conflist" "$dest"
+  printf 'file %s %s\n' "/opt/cni/config/$(basename "$conflist")" "$(sha256sum < "$dest" | cut -d' ' -f1)" >> "$manifest"
+fi
+say "installed /opt/cni-reaper, /opt/cni/bin/cni-reaper${conflist:+ and /opt/cni/config/$(basename "$conflist")} under ${prefix:-/}"
+"$link" version

@@ -1,0 +1,104 @@
+"""scripts/install.sh into a throwaway root, and the Nomad guide files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import hcl2
+import pytest
+
+from sandbox import REPO
+
+INSTALL = REPO / "scripts" / "install.sh"
+
+
+def tree(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = "/" + str(p.relative_to(root))
+        out[rel] = "link:" + os.readlink(p) if p.is_symlink() else ("dir" if p.is_dir() else "file")
+    return out
+
+
+def run(*args, check=True):
+    return subprocess.run(["bash", str(INSTALL), *args], capture_output=True, text=True, check=check)
+
+
+def test_install_is_idempotent_and_uninstall_removes_only_what_it_installed(tmp_path):
+    bundle = os.environ.get("CNI_REAPER_BIN", str(REPO / "dist" / "cni-reaper" / "cni-reaper"))
+    if not os.access(bundle, os.X_OK):
+        pytest.skip("no built binary (scripts/build.sh)")
+    root = tmp_path / "root"
+    (root / "opt" / "cni" / "bin").mkdir(parents=True)
+    (root / "opt" / "cni" / "bin" / "someone-elses-plugin").write_text("#!/bin/sh\n")
+    before = tree(root)
+    args = ["--prefix", str(root), "--bundle", os.path.dirname(bundle)]
+    run(*args)
+    first = tree(root)
+    run(*args)
+    assert tree(root) == first, "a second install changed the tree"
+    link = root / "opt" / "cni" / "bin" / "cni-reaper"
+    assert first["/opt/cni/bin/cni-reaper"] == "link:../../cni-reaper/cni-reaper"
+    assert subprocess.run([str(link), "version"], capture_output=True, text=True).stdout.startswith("cni-reaper ")
+    installed = json.loads((root / "opt" / "cni" / "config" / "nomad-reaper.conflist").read_text())
+    assert installed["plugins"][-1]["type"] == "cni-reaper"
+    run(*args, "--uninstall")
+    assert tree(root) == before
+
+
+def test_install_refuses_when_a_chained_plugin_is_missing(tmp_path):
+    conf = json.loads((REPO / "conflist" / "nomad-reaper.conflist").read_text())
+    conf["plugins"].insert(1, {"type": "no-such-plugin"})
+    bad = tmp_path / "bad.conflist"
+    bad.write_text(json.dumps(conf))
+    proc = run("--prefix", str(tmp_path / "root"), "--bundle", str(tmp_path), "--conflist", str(bad), check=False)
+    assert proc.returncode == 1
+    assert "no-such-plugin" in proc.stderr or "no bundle" in proc.stderr
+
+
+def _load(path: Path) -> dict:
+    with open(path) as f:
+        return hcl2.load(f)
+
+
+def _unquote(v):
+    return v.strip('"') if isinstance(v, str) else v
+
+
+def test_the_sweep_job_is_a_sysbatch_raw_exec_job_running_sweep_apply():
+    doc = _load(REPO / "conflist" / "nomad" / "cni-reaper-sweep.nomad.hcl")
+    [job] = doc["job"]
+    [(name, body)] = job.items()
+    assert _unquote(name) == "cni-reaper-sweep" and _unquote(body["type"]) == "sysbatch"
+    assert body["periodic"][0]["prohibit_overlap"] is True
+    [group] = body["group"]
+    [(_, g)] = group.items()
+    [task] = g["task"]
+    [(_, t)] = task.items()
+    assert _unquote(t["driver"]) == "raw_exec"
+    config = t["config"][0]
+    assert _unquote(config["command"]) == "/opt/cni/bin/cni-reaper"
+    assert [_unquote(a) for a in config["args"]][:2] == ["sweep", "--apply"]
+
+
+def test_the_example_job_uses_the_shipped_conflist_by_name():
+    doc = _load(REPO / "conflist" / "nomad" / "example-job.nomad.hcl")
+    [(_, job)] = doc["job"][0].items()
+    [(_, group)] = job["group"][0].items()
+    mode = _unquote(group["network"][0]["mode"])
+    names = {json.loads(p.read_text())["name"] for p in (REPO / "conflist").glob("*.conflist")}
+    assert mode.startswith("cni/") and mode[4:] in names
+    client = _load(REPO / "conflist" / "nomad" / "client.hcl")
+    c = client["client"][0]
+    assert "/opt/cni/bin" in _unquote(c["cni_path"]) and _unquote(c["cni_config_dir"]) == "/opt/cni/config"
+
+
+def test_every_shipped_conflist_ends_with_cni_reaper_declaring_port_mappings():
+    for path in (REPO / "conflist").glob("*.conflist"):
+        conf = json.loads(path.read_text())
+        last = conf["plugins"][-1]
+        assert last["type"] == "cni-reaper", path
+        assert last.get("capabilities", {}).get("portMappings") is True, path
