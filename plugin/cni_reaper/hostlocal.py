@@ -7,14 +7,13 @@ host-local's lock and only when its content names the container being cleaned.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import os
 import stat
-import time
 from contextlib import ExitStack, contextmanager
 
 from .errors import TRY_AGAIN_LATER, CniError
+from .locking import flock_within
 
 LOCK_NAME = "lock"
 MAX_CONTENT = 4096
@@ -56,16 +55,9 @@ class NetworkDir:
         except OSError as exc:
             raise CniError(TRY_AGAIN_LATER, f"cannot open host-local lock of network {self.network}: {exc.strerror}") from None
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise CniError(TRY_AGAIN_LATER, f"host-local's lock of network {self.network} is held",
-                                       f"waited {timeout:g}s; retry") from None
-                    time.sleep(0.005)
+            if not flock_within(lfd, timeout):
+                raise CniError(TRY_AGAIN_LATER, f"host-local's lock of network {self.network} is held",
+                               f"waited {timeout:g}s; retry")
             yield self
         finally:
             os.close(lfd)

@@ -11,7 +11,6 @@ Rules:
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import stat
@@ -21,6 +20,7 @@ from contextlib import contextmanager
 
 from . import log
 from .errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
+from .locking import flock_within
 
 LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp."
@@ -109,21 +109,12 @@ class Store:
         except OSError as exc:
             raise CniError(IO_FAILURE, f"cannot open lock file in {self.root}: {exc.strerror}") from None
         try:
-            deadline = time.monotonic() + self.lock_timeout
-            pause = 0.002
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise CniError(
-                            TRY_AGAIN_LATER,
-                            f"state directory {self.root} is locked by another cni-reaper",
-                            f"waited {self.lock_timeout:g}s; retry the operation",
-                        ) from None
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.05)
+            if not flock_within(fd, self.lock_timeout):
+                raise CniError(
+                    TRY_AGAIN_LATER,
+                    f"state directory {self.root} is locked by another cni-reaper",
+                    f"waited {self.lock_timeout:g}s; retry the operation",
+                )
             self._remove_debris()
             yield self
         finally:

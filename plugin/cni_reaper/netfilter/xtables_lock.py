@@ -3,11 +3,10 @@ around every table replace. python-iptables takes none, so we take it around eac
 
 from __future__ import annotations
 
-import fcntl
 import os
-import time
 from contextlib import contextmanager
 
+from ..locking import flock_within
 from .backend import BackendError
 
 LOCK_PATH = os.environ.get("XTABLES_LOCKFILE", "/run/xtables.lock")
@@ -20,15 +19,8 @@ def xtables_lock(timeout: float = 5.0):
     except OSError as exc:
         raise BackendError(f"cannot open {LOCK_PATH}: {exc.strerror}") from None
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise BackendError(f"the xtables lock {LOCK_PATH} is held by another process") from None
-                time.sleep(0.005)
+        if not flock_within(fd, timeout):
+            raise BackendError(f"the xtables lock {LOCK_PATH} is held by another process")
         yield
     finally:
         os.close(fd)
