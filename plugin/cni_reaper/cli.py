@@ -18,7 +18,7 @@ import sys
 
 from . import PLUGIN_NAME, __version__, log
 from .errors import CniError
-from .models import DEFAULT_CNI_CACHE_DIR, DEFAULT_IPAM_DATA_DIR, DEFAULT_STATE_DIR
+from .conf import DEFAULT_CNI_CACHE_DIR, DEFAULT_IPAM_DATA_DIR, DEFAULT_STATE_DIR
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_LEFT = 0, 1, 2, 3, 4
 
@@ -76,8 +76,8 @@ STATE_WORDS = {"live": "live", "dead": "dead", "tombstone-done": "torn down", "t
 
 
 def cmd_list(args) -> int:
-    from .reconcile import classify
     from .store import Store
+    from .sweep import classify
 
     conf = _conf(args)
     if not os.path.isdir(conf.stateDir):
@@ -90,14 +90,14 @@ def cmd_list(args) -> int:
             store.close()
     items = []
     for r in records:
-        cur = r.current
+        cur = r["current"]
         items.append({
-            "network": r.network, "containerID": r.containerID, "ifname": r.ifname,
-            "ips": [ip.cidr for ip in cur.ips],
-            "ports": [f"{p.hostPort}->{p.containerPort}/{p.protocol}" for p in cur.portMappings],
-            "netns": cur.netns, "state": STATE_WORDS[classify(r, conf.cniCacheDir)],
-            "earlierIPs": sorted({ip.cidr for inc in r.earlier for ip in inc.ips}),
-            "createdAt": cur.createdAt.isoformat(),
+            "network": r["network"], "containerID": r["containerID"], "ifname": r["ifname"],
+            "ips": [f"{ip['address']}/{ip['prefix']}" for ip in cur["ips"]],
+            "ports": [f"{p['hostPort']}->{p['containerPort']}/{p['protocol']}" for p in cur["portMappings"]],
+            "netns": cur["netns"], "state": STATE_WORDS[classify(r, conf.cniCacheDir)],
+            "earlierIPs": sorted({f"{ip['address']}/{ip['prefix']}" for inc in r["earlier"] for ip in inc["ips"]}),
+            "createdAt": cur["createdAt"],
         })
     if args.json:
         print(json.dumps(items, indent=1))
@@ -135,7 +135,7 @@ def orphan_targets(conf, records, only_network: str | None):
     from .plan import Target, tagged_networks
 
     backend = select(conf.backend)
-    recorded = {(r.network, r.containerID) for r in records}
+    recorded = {(r["network"], r["containerID"]) for r in records}
     found: dict[tuple[str, str], set[str]] = {}
     for family in (4, 6):
         for key, ips in tagged_networks(backend.read(family)).items():

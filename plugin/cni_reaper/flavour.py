@@ -7,9 +7,7 @@ xtables-legacy-multi, and the multi binary's name says which. `backend` in the c
 from __future__ import annotations
 
 import os
-from typing import Literal, Mapping
-
-Flavour = Literal["nft", "legacy"]
+# annotations only (never evaluated: `from __future__ import annotations`); typing costs ms to import
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BINARIES = {"nft": "iptables-nft", "legacy": "iptables-legacy"}
 

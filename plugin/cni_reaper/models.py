@@ -1,4 +1,12 @@
-"""pydantic models at the edges: the plugin configuration, prevResult (all supported versions) and the record."""
+"""The schema: pydantic models of the plugin configuration, prevResult (all supported versions) and the
+record file. They are the source of truth for what cni-reaper accepts and writes.
+
+The verbs do not import pydantic (loading pydantic-core's extension alone costs ≈ 35 ms here, most of an
+ADD's budget): conf.py, result.py and record.py implement the same rules in plain Python, and
+tests/unit/test_schema.py checks with generated documents that both sides accept and refuse the same
+inputs and produce the same values, and that every record the verbs write validates against `Record`.
+The CLI and the tests use these models directly.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-DEFAULT_STATE_DIR = "/var/lib/cni/reaper"
-DEFAULT_IPAM_DATA_DIR = "/var/lib/cni/networks"
-DEFAULT_CNI_CACHE_DIR = "/var/lib/cni"
+from .conf import DEFAULT_CNI_CACHE_DIR, DEFAULT_IPAM_DATA_DIR, DEFAULT_LOG_FILE, DEFAULT_STATE_DIR
+
 RECORD_SCHEMA = 1
 MAX_EARLIER_INCARNATIONS = 16
 
@@ -21,10 +28,16 @@ def _absolute_path(value: str, key: str) -> str:
     return value
 
 
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    if "%" in text:
+        raise ValueError(f"{text!r}: scoped addresses are not used in CNI results")
+    return ipaddress.ip_address(text)
+
+
 class PortMapping(BaseModel):
     """One entry of runtimeConfig.portMappings (the portMappings capability)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     hostPort: int = Field(ge=1, le=65535)
     containerPort: int = Field(ge=1, le=65535)
@@ -48,14 +61,14 @@ class PortMapping(BaseModel):
 
     @field_validator("hostIP")
     @classmethod
-    def _ip(cls, v: str) -> str:
+    def _host_ip(cls, v: str) -> str:
         if v:
-            ipaddress.ip_address(v)
+            _ip(v)
         return v
 
 
 class RuntimeConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     portMappings: list[PortMapping] = Field(default_factory=list, max_length=65535)
 
@@ -63,7 +76,7 @@ class RuntimeConfig(BaseModel):
 class PluginConf(BaseModel):
     """The configuration a runtime hands this plugin on stdin (one entry of the conflist, completed by libcni)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     cniVersion: str | None = None
     cniVersions: list[str] | None = None
@@ -73,8 +86,8 @@ class PluginConf(BaseModel):
     ipamDataDir: str = DEFAULT_IPAM_DATA_DIR
     cniCacheDir: str = DEFAULT_CNI_CACHE_DIR
     backend: Literal["auto", "nft", "legacy"] = "auto"
-    lockTimeout: float = Field(default=10.0, gt=0, le=300)
-    logFile: str = "/var/log/cni-reaper.log"
+    lockTimeout: float = Field(default=10.0, gt=0, le=300, allow_inf_nan=False)
+    logFile: str = DEFAULT_LOG_FILE
     prevResult: dict[str, Any] | None = None
     runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
@@ -92,7 +105,7 @@ class PluginConf(BaseModel):
 class ResultIP(BaseModel):
     """An entry of a result's `ips`: 0.3.x/0.4.0 carry `version`, 1.x do not."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     address: str
     version: Literal["4", "6"] | None = None
@@ -101,18 +114,21 @@ class ResultIP(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ResultIP":
-        iface = ipaddress.ip_interface(self.address)  # raises ValueError on garbage
         if "/" not in self.address:
             raise ValueError(f"address {self.address!r} must be in CIDR notation")
-        if self.version is not None and self.version != str(iface.version):
+        addr, _, prefix = self.address.partition("/")
+        ip = _ip(addr)
+        if not (prefix.isascii() and prefix.isdigit()) or len(prefix) > 3 or int(prefix) > ip.max_prefixlen:
+            raise ValueError(f"address {self.address!r} has an invalid prefix length")
+        if self.version is not None and self.version != str(ip.version):
             raise ValueError(f"address {self.address} is not IPv{self.version}")
         if self.gateway:
-            ipaddress.ip_address(self.gateway)
+            _ip(self.gateway)
         return self
 
 
 class ResultInterface(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     name: str
     mac: str = ""
@@ -122,7 +138,7 @@ class ResultInterface(BaseModel):
 class PrevResult(BaseModel):
     """The parts of a CNI result (0.3.0 to 1.1.0) this plugin reads; everything else is passed through untouched."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     cniVersion: str | None = None
     interfaces: list[ResultInterface] = Field(default_factory=list)
@@ -139,22 +155,24 @@ class PrevResult(BaseModel):
 class NetnsId(BaseModel):
     """Identity of a network namespace: device and inode of its nsfs file."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     dev: int
     ino: int
 
 
 class RecordedIP(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     address: str
     prefix: int = Field(ge=0, le=128)
     family: Literal[4, 6]
 
-    @property
-    def cidr(self) -> str:
-        return f"{self.address}/{self.prefix}"
-
 
 class Incarnation(BaseModel):
     """One life of an attachment: what one ADD set up."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     netns: str
     netnsId: NetnsId | None = None
@@ -166,6 +184,8 @@ class Incarnation(BaseModel):
 class Tombstone(BaseModel):
     """Written by DEL: the attachment is being torn down; what DEL knew when it ran."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     at: datetime
     netnsGone: bool
     hadPrevResult: bool
@@ -173,11 +193,11 @@ class Tombstone(BaseModel):
 
 
 class Record(BaseModel):
-    """All cni-reaper knows of one attachment (network name, container ID, ifname)."""
+    """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    schema_: int = Field(default=RECORD_SCHEMA, alias="schema")
+    schema_: Literal[1] = Field(default=RECORD_SCHEMA, alias="schema")
     network: str
     containerID: str
     ifname: str
@@ -186,10 +206,3 @@ class Record(BaseModel):
     cniArgs: dict[str, str] = Field(default_factory=dict)
     pluginVersion: str
     deleted: Tombstone | None = None
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.network, self.containerID, self.ifname)
-
-    def dump(self) -> bytes:
-        return self.model_dump_json(by_alias=True, indent=1).encode() + b"\n"

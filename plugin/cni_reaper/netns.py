@@ -8,21 +8,35 @@ after a bare unmount it is an empty regular file on another file system. Neither
 from __future__ import annotations
 
 import os
-from functools import lru_cache
-from typing import NamedTuple
 
 
-class Identity(NamedTuple):
-    dev: int
-    ino: int
+class Identity(tuple):
+    """(dev, ino) of a namespace's nsfs file."""
+
+    __slots__ = ()
+
+    def __new__(cls, dev: int, ino: int) -> "Identity":
+        return tuple.__new__(cls, (dev, ino))
+
+    @property
+    def dev(self) -> int:
+        return self[0]
+
+    @property
+    def ino(self) -> int:
+        return self[1]
 
 
-@lru_cache(maxsize=1)
+_NSFS: list = []
+
+
 def _nsfs_dev() -> int | None:
-    try:
-        return os.stat("/proc/self/ns/net").st_dev
-    except OSError:
-        return None
+    if not _NSFS:
+        try:
+            _NSFS.append(os.stat("/proc/self/ns/net").st_dev)
+        except OSError:
+            _NSFS.append(None)
+    return _NSFS[0]
 
 
 def identity(path: str | None) -> Identity | None:

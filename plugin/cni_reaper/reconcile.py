@@ -6,62 +6,27 @@ order) -> the xtables lock (taken by iptables-legacy-restore -w). Every wait is 
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
-from . import log, netns
+from . import log
 from .hostlocal import NetworkDir, all_network_names, locked_networks
-from .plan import PARTS, Target, plan, tagged_ids
+from .plan import Target, plan
+from .record import ips, key
+from .sweep import DONE, LIVE, SWEEPABLE, WAIT, classify
 
-TOMBSTONE_GRACE_SECONDS = 60.0
 APPLY_ATTEMPTS = 3
 
 
-# -- classification (stat calls only) ---------------------------------------------------------------
-def cache_entry_exists(cache_dir: str, record) -> bool:
-    """libcni caches each attachment until its DEL succeeded: `<cacheDir>/results/<N>-<X>-<ifname>`."""
-    return os.path.lexists(os.path.join(cache_dir, "results", f"{record.network}-{record.containerID}-{record.ifname}"))
-
-
-DONE, EXPIRED, WAIT = "tombstone-done", "tombstone-expired", "tombstone-wait"
-SWEEPABLE = ("dead", DONE, EXPIRED)
-
-
-def classify(record, cache_dir: str, now: float | None = None) -> str:
-    """live | dead | tombstone-done | tombstone-expired | tombstone-wait."""
-    if record.deleted is not None:
-        if not cache_entry_exists(cache_dir, record):
-            return DONE  # the DEL of the whole chain is over (host-local released the addresses then)
-        age = (now or time.time()) - record.deleted.at.timestamp()
-        if age > TOMBSTONE_GRACE_SECONDS and not netns.is_alive(record.current.netns, _nsid(record.current)):
-            return EXPIRED  # the DEL failed long ago and the namespace is gone: nobody else will tear it down
-        return WAIT  # a DEL of this attachment may still be running: bridge needs its chain until it is over
-    if netns.is_alive(record.current.netns, _nsid(record.current)):
-        return "live"
-    return "dead"
-
-
-def _nsid(inc):
-    return (inc.netnsId.dev, inc.netnsId.ino) if inc.netnsId else None
-
-
-def _ips(incs) -> set[str]:
-    return {ip.address for inc in incs for ip in inc.ips}
-
-
-def targets_for(record, state: str) -> list[Target]:
+def targets_for(record: dict, state: str) -> list[Target]:
+    """What of a record's lives is to be cleaned, given its state."""
     if state == WAIT:
         return []
-    if state == "live":
-        old = _ips(record.earlier) - _ips([record.current])
-        if not record.earlier:
+    if state == LIVE:
+        if not record["earlier"]:
             return []
-        return [Target(record.network, record.containerID, record.ifname, frozenset(old), whole=False,
-                       reason="earlier incarnation")]
-    return [Target(record.network, record.containerID, record.ifname,
-                   frozenset(_ips([record.current, *record.earlier])), whole=True, reason=state)]
+        old = ips(*record["earlier"]) - ips(record["current"])
+        return [Target(*key(record), frozenset(old), whole=False, reason="earlier incarnation")]
+    return [Target(*key(record), frozenset(ips(record["current"], *record["earlier"])), whole=True, reason=state)]
 
 
 # -- the clean-up -----------------------------------------------------------------------------------
@@ -87,8 +52,8 @@ def _protected(targets: list[Target], live_records, dirs: dict[str, NetworkDir],
     attachment holds the IP or host-local has given it to another container."""
     live_ips: dict[str, set] = {}
     for rec in live_records:
-        for ip in _ips([rec.current]):
-            live_ips.setdefault(ip, set()).add(rec.key)
+        for ip in ips(rec["current"]):
+            live_ips.setdefault(ip, set()).add(key(rec))
     out = {}
     for t in targets:
         prot = set()
@@ -148,8 +113,8 @@ def clean(targets: list[Target], live_records, conf, backend=None, tombstoned_ke
         outcome.failed |= {t.key for t in targets}
     if dry_run:
         return outcome
-    for key, items in outcome.removed.items():
-        log.info("removed", network=key[0], containerID=key[1], ifname=key[2], items=items,
+    for owner, items in outcome.removed.items():
+        log.info("removed", network=owner[0], containerID=owner[1], ifname=owner[2], items=items,
                  backend=outcome.backend)
     for msg in outcome.skipped:
         log.info("left in place", why=msg)
@@ -189,8 +154,8 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_ru
                 if p.ops and not dry_run:
                     backend.apply(family, p.ops)
                 for op in p.ops:
-                    key = next(t.key for t in wanted if (t.network, t.container_id) == op.owner)
-                    outcome.note(key, f"ipv{family} {op.table} {op.chain}: {op.what}")
+                    owner = next(t.key for t in wanted if (t.network, t.container_id) == op.owner)
+                    outcome.note(owner, f"ipv{family} {op.table} {op.chain}: {op.what}")
                 outcome.skipped += p.skipped
                 last_error = None
                 break
@@ -212,59 +177,44 @@ def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome, fir
         outcome.failed |= {t.key for t in targets}
         return
     for op in p.ops:
-        key = next(t.key for t in targets if (t.network, t.container_id) == op.owner)
+        owner = next(t.key for t in targets if (t.network, t.container_id) == op.owner)
         try:
             backend.apply(family, [op])
-            outcome.note(key, f"ipv{family} {op.table} {op.chain}: {op.what}")
+            outcome.note(owner, f"ipv{family} {op.table} {op.chain}: {op.what}")
         except BackendError as exc:
             outcome.errors.append(f"ipv{family} {op.table} {op.chain} ({op.what}): {exc}")
-            outcome.failed.add(key)
+            outcome.failed.add(owner)
     outcome.skipped += p.skipped
 
 
 # -- sweeps ------------------------------------------------------------------------------------------
 def sweep(store, conf, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
-          records=None, dry_run: bool = False, only_network: str | None = None) -> Outcome:
-    """Clean every dead record, every ready tombstone and every earlier incarnation; then drop or trim the
-    records that were cleaned. Costs one stat per record (plus one per tombstone) when nothing is stale."""
+          records: list[dict] | None = None, states: dict | None = None, dry_run: bool = False,
+          only_network: str | None = None) -> Outcome:
+    """Clean every dead record, every ready tombstone and every earlier incarnation (and `extra` targets);
+    then drop or trim the records that were cleaned. The caller holds the state lock."""
     records = list(store.records()) if records is None else records
-    states = {r.key: classify(r, conf.cniCacheDir) for r in records}
+    states = states or {key(r): classify(r, conf.cniCacheDir) for r in records}
+    mine = [r for r in records if key(r) not in exclude and (not only_network or r["network"] == only_network)]
     targets: list[Target] = list(extra or [])
-    for r in records:
-        if r.key in exclude or (only_network and r.network != only_network):
-            continue
-        targets += targets_for(r, states[r.key])
+    for r in mine:
+        targets += targets_for(r, states[key(r)])
     if not targets:
         return Outcome(dry_run=dry_run)
-    live = [r for r in records if states[r.key] == "live" or r.key in exclude]
-    tombstoned = frozenset(r.key for r in records if states[r.key] == DONE)
-    outcome = clean(targets, live, conf, tombstoned_keys=tombstoned, dry_run=dry_run)
+    live = [r for r in records if states[key(r)] == LIVE or key(r) in exclude]
+    finished = frozenset(key(r) for r in records if states[key(r)] == DONE)
+    outcome = clean(targets, live, conf, tombstoned_keys=finished, dry_run=dry_run)
     if dry_run:
         return outcome
-    for r in records:
-        if r.key in exclude or r.key in outcome.failed or (only_network and r.network != only_network):
+    for r in mine:
+        if key(r) in outcome.failed:
             continue
-        state = states[r.key]
+        state = states[key(r)]
         if state in SWEEPABLE:
-            store.remove(*r.key)
-            log.info("record dropped", network=r.network, containerID=r.containerID, ifname=r.ifname, state=state)
-        elif state == "live" and r.earlier:
-            r.earlier = []
+            store.remove(*key(r))
+            log.info("record dropped", network=r["network"], containerID=r["containerID"], ifname=r["ifname"],
+                     state=state)
+        elif state == LIVE and r["earlier"]:
+            r["earlier"] = []
             store.save(r)
     return outcome
-
-
-def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-__all__ = ["PARTS", "Target", "classify", "clean", "sweep", "targets_for", "tagged_ids"]
-
-
-def safe_sweep(store, conf, **kw) -> Outcome:
-    """sweep() for verbs whose own work is done: nothing it meets fails the verb."""
-    try:
-        return sweep(store, conf, **kw)
-    except Exception as exc:  # noqa: BLE001
-        log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
-        return Outcome(errors=[str(exc)])

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
-from typing import IO, Any, Mapping
-
+# annotations only (never evaluated: `from __future__ import annotations`); typing costs ms to import
 from . import PLUGIN_NAME, __version__, log, names, versions
 from .errors import (
     DECODE_FAILURE,
@@ -38,17 +36,19 @@ def about() -> str:
     return f"CNI {PLUGIN_NAME} plugin v{__version__}: reaps the rules and reservations of dead attachments"
 
 
-@dataclass
 class Invocation:
-    command: str
-    version: str
-    conf: Any  # models.PluginConf
-    raw: dict[str, Any]
-    container_id: str = ""
-    netns: str = ""
-    ifname: str = ""
-    args: dict[str, str] = field(default_factory=dict)
-    path: str = ""
+    """One validated CNI call (a plain class: `dataclasses` alone costs milliseconds to import)."""
+
+    def __init__(self, command: str, version: str, conf: Any, raw: dict[str, Any], path: str = "") -> None:
+        self.command = command
+        self.version = version
+        self.conf = conf  # conf.Conf
+        self.raw = raw
+        self.path = path
+        self.container_id = ""
+        self.netns = ""
+        self.ifname = ""
+        self.args: dict[str, str] = {}
 
 
 def parse_cni_args(value: str) -> dict[str, str]:
@@ -76,26 +76,10 @@ def _read_config(stdin: IO[bytes]) -> dict[str, Any]:
     return conf
 
 
-def _pydantic_problem(exc: Exception) -> str:
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
-    parts = []
-    for err in errors()[:3]:
-        where = ".".join(str(p) for p in err.get("loc", ())) or "config"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts)
-
-
 def _parse_conf(raw: dict[str, Any]):
-    from pydantic import ValidationError
+    from .conf import parse
 
-    from .models import PluginConf
-
-    try:
-        return PluginConf.model_validate(raw)
-    except ValidationError as exc:
-        raise CniError(INVALID_CONFIG, "invalid cni-reaper configuration", _pydantic_problem(exc)) from None
+    return parse(raw)
 
 
 def build_invocation(env: Mapping[str, str], stdin: IO[bytes], seen: dict[str, Any] | None = None) -> Invocation:

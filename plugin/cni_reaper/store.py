@@ -11,12 +11,10 @@ Rules:
 from __future__ import annotations
 
 import errno
-import hashlib
+import json
 import os
 import stat
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from . import log
 from .errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
@@ -30,8 +28,17 @@ CORRUPT_SUFFIX = ".corrupt"
 MAX_RECORD_BYTES = 1 << 20
 
 
+try:  # the builtin digest module: hashlib would load OpenSSL, a few ms on every invocation
+    from _sha256 import sha256
+except ImportError:  # Python 3.12+
+    try:
+        from _sha2 import sha256
+    except ImportError:
+        from hashlib import sha256
+
+
 def record_name(network: str, container_id: str, ifname: str) -> str:
-    digest = hashlib.sha256(f"{network}\0{container_id}\0{ifname}".encode()).hexdigest()[:40]
+    digest = sha256(f"{network}\0{container_id}\0{ifname}".encode()).hexdigest()[:40]
     return f"{RECORD_PREFIX}{digest}{RECORD_SUFFIX}"
 
 
@@ -101,24 +108,9 @@ class Store:
         return self._dfd
 
     # -- lock ------------------------------------------------------------------------------------
-    @contextmanager
-    def locked(self) -> Iterator["Store"]:
-        """Hold the state lock; give up after lock_timeout seconds with CNI error 11 (try again later)."""
-        try:
-            fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.dfd)
-        except OSError as exc:
-            raise CniError(IO_FAILURE, f"cannot open lock file in {self.root}: {exc.strerror}") from None
-        try:
-            if not flock_within(fd, self.lock_timeout):
-                raise CniError(
-                    TRY_AGAIN_LATER,
-                    f"state directory {self.root} is locked by another cni-reaper",
-                    f"waited {self.lock_timeout:g}s; retry the operation",
-                )
-            self._remove_debris()
-            yield self
-        finally:
-            os.close(fd)  # closing the fd releases the flock
+    def locked(self) -> "_Locked":
+        """Hold the state lock (a context manager); give up after lock_timeout seconds with CNI error 11."""
+        return _Locked(self)
 
     def _remove_debris(self) -> None:
         """Temp files can only be left by a writer that died: we hold the lock, no one else is writing."""
@@ -134,7 +126,8 @@ class Store:
         return self._load_name(record_name(network, container_id, ifname), expect=(network, container_id, ifname))
 
     def _load_name(self, name: str, expect: tuple[str, str, str] | None = None):
-        from .models import Record
+        """The record in file `name` as a dict (see record.py), or None; an unusable file is moved aside."""
+        from .record import key, problem as record_problem
 
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.dfd)
@@ -160,21 +153,23 @@ class Store:
             os.close(fd)
         if problem is None:
             try:
-                record = Record.model_validate_json(data)
-            except ValueError as exc:
-                problem = f"does not parse: {str(exc).splitlines()[0]}"
+                record = json.loads(data)
+            except (ValueError, RecursionError) as exc:
+                problem = f"does not parse: {str(exc)[:200]}"
             else:
-                if record_name(*record.key) != name or (expect is not None and record.key != expect):
-                    problem = "holds another attachment's key"
-                else:
-                    return record
+                problem = record_problem(record)
+                if problem is None:
+                    if record_name(*key(record)) != name or (expect is not None and key(record) != expect):
+                        problem = "holds another attachment's key"
+                    else:
+                        return record
         self._quarantine(name, problem)
         return None
 
-    def save(self, record) -> None:
-        name = record_name(*record.key)
+    def save(self, record: dict) -> None:
+        name = record_name(record["network"], record["containerID"], record["ifname"])
         tmp = f"{TMP_PREFIX}{name}.{os.getpid()}"
-        data = record.dump()
+        data = json.dumps(record, indent=1).encode() + b"\n"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.dfd)
             try:
@@ -204,7 +199,7 @@ class Store:
     def names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.dfd) if n.startswith(RECORD_PREFIX) and n.endswith(RECORD_SUFFIX))
 
-    def records(self) -> Iterator:
+    def records(self):
         for name in self.names():
             record = self._load_name(name)
             if record is not None:
@@ -226,3 +221,30 @@ class Store:
             log.warn("record quarantined", record=name, moved_to=target, problem=problem)
         except OSError as exc:
             log.warn("record unusable and could not be moved aside", record=name, problem=problem, error=exc.strerror)
+
+
+class _Locked:
+    """The state lock as a context manager (a class: contextlib costs milliseconds to import)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.fd = -1
+
+    def __enter__(self) -> Store:
+        st = self.store
+        try:
+            self.fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=st.dfd)
+        except OSError as exc:
+            raise CniError(IO_FAILURE, f"cannot open lock file in {st.root}: {exc.strerror}") from None
+        try:
+            if not flock_within(self.fd, st.lock_timeout):
+                raise CniError(TRY_AGAIN_LATER, f"state directory {st.root} is locked by another cni-reaper",
+                               f"waited {st.lock_timeout:g}s; retry the operation")
+            st._remove_debris()
+        except BaseException:
+            os.close(self.fd)
+            raise
+        return st
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # closing the fd releases the flock

@@ -54,39 +54,39 @@ def test_repeated_add_of_the_same_life_keeps_no_earlier_incarnation(tmp_path):
 
 
 def _life(address, netns=NETNS):
-    from cni_reaper.attachment import incarnation, parse_prev_result
+    from cni_reaper.record import incarnation
+    from cni_reaper.result import recorded_ips
 
-    return incarnation(netns, parse_prev_result(prev_result(address=address)), [])
+    return incarnation(netns, recorded_ips(prev_result(address=address)), [])
 
 
 def test_re_add_with_new_ip_keeps_the_earlier_incarnation():
-    from cni_reaper.attachment import merge
+    from cni_reaper.record import merge
 
     first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
     second, kept = merge(first, "n", "x", "eth0", _life("172.26.64.9/20"), {})
-    assert kept and second.current.ips[0].address == "172.26.64.9"
-    assert [e.ips[0].address for e in second.earlier] == ["172.26.64.2"]
+    assert kept and second["current"]["ips"][0]["address"] == "172.26.64.9"
+    assert [e["ips"][0]["address"] for e in second["earlier"]] == ["172.26.64.2"]
     same, kept = merge(second, "n", "x", "eth0", _life("172.26.64.9/20"), {})
-    assert not kept and len(same.earlier) == 1
+    assert not kept and len(same["earlier"]) == 1
 
 
 def test_re_add_after_del_keeps_the_torn_down_life():
-    from cni_reaper.attachment import merge, now
-    from cni_reaper.models import Tombstone
+    from cni_reaper.record import merge, tombstone
 
     first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
-    first.deleted = Tombstone(at=now(), netnsGone=True, hadPrevResult=True, hadPortMappings=True)
+    first["deleted"] = tombstone(True, True, True)
     again, kept = merge(first, "n", "x", "eth0", _life("172.26.64.2/20"), {})
-    assert kept and again.deleted is None and len(again.earlier) == 1
+    assert kept and again["deleted"] is None and len(again["earlier"]) == 1
 
 
 def test_earlier_incarnations_are_bounded():
-    from cni_reaper.attachment import merge
+    from cni_reaper.record import merge
 
     rec = None
     for i in range(2, 30):
         rec, _ = merge(rec, "n", "x", "eth0", _life(f"172.26.64.{i}/20"), {})
-    assert len(rec.earlier) == 16 and rec.earlier[-1].ips[0].address == "172.26.64.28"
+    assert len(rec["earlier"]) == 16 and rec["earlier"][-1]["ips"][0]["address"] == "172.26.64.28"
 
 
 def test_del_marks_a_tombstone_once(tmp_path):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from importlib import import_module
-
 MODULES = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "status", "GC": "gc"}
 
 
 def dispatch(inv):
-    return import_module(f"{__name__}.{MODULES[inv.command]}").run(inv)
+    name = MODULES[inv.command]
+    module = __import__(f"{__name__}.{name}", fromlist=[name])
+    return module.run(inv)

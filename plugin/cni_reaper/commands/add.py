@@ -1,11 +1,11 @@
-"""ADD: record the attachment, pass prevResult through unchanged."""
+"""ADD: record the attachment, pass prevResult through unchanged, sweep what dead attachments left."""
 
 from __future__ import annotations
 
 from .. import log
-from ..attachment import incarnation, merge, parse_prev_result
 from ..errors import INVALID_CONFIG, CniError
-from ..reconcile import safe_sweep
+from ..record import incarnation, merge
+from ..result import recorded_ips
 from ..store import Store
 
 
@@ -17,21 +17,23 @@ def run(inv):
             "cni-reaper must be chained after an interface-creating plugin",
             "put it last in a conflist's plugins list, after bridge/firewall/portmap; it got no prevResult",
         )
-    prev = parse_prev_result(conf.prevResult)
-    current = incarnation(inv.netns, prev, conf.runtimeConfig.portMappings)
+    ips = recorded_ips(conf.prevResult)
+    current = incarnation(inv.netns, ips, [p.as_dict() for p in conf.runtimeConfig.portMappings])
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
         with store.locked():
             existing = store.load(conf.name, inv.container_id, inv.ifname)
             record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args)
             store.save(record)
+            if kept:
+                log.info("re-added: earlier incarnation kept for clean-up", earlier=len(record["earlier"]))
             # the new life is recorded (so its addresses are protected); now clear what dead ones left,
             # including DNAT jumps that would shadow this attachment's host ports
-            safe_sweep(store, conf)
+            from ..sweep import sweep_quietly
+
+            sweep_quietly(store, conf)
     finally:
         store.close()
-    if kept:
-        log.info("re-added: earlier incarnation kept for clean-up", earlier=len(record.earlier))
     result = dict(conf.prevResult)
     result.setdefault("cniVersion", inv.version)
     return result

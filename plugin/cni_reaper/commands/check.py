@@ -4,10 +4,11 @@ Nomad destroys and recreates the allocation's network when CHECK fails."""
 from __future__ import annotations
 
 from .. import log
-from ..attachment import incarnation, merge, parse_prev_result, same_life
 from ..errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
-from ..reconcile import safe_sweep
+from ..record import incarnation, merge, same_life
+from ..result import recorded_ips
 from ..store import Store
+from ..sweep import sweep_quietly
 
 
 def run(inv):
@@ -15,26 +16,26 @@ def run(inv):
     if conf.prevResult is None:
         raise CniError(INVALID_CONFIG, "CHECK needs prevResult",
                        "cni-reaper must be chained after an interface-creating plugin")
-    prev = parse_prev_result(conf.prevResult)
-    current = incarnation(inv.netns, prev, conf.runtimeConfig.portMappings)
-    if current.netnsId is None:
+    ips = recorded_ips(conf.prevResult)
+    current = incarnation(inv.netns, ips, [p.as_dict() for p in conf.runtimeConfig.portMappings])
+    if current["netnsId"] is None:
         raise CniError(UNKNOWN_CONTAINER, f"{inv.netns} is not a network namespace",
                        "the container's network namespace is gone; the runtime should recreate the network")
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
         with store.locked():
             existing = store.load(conf.name, inv.container_id, inv.ifname)
-            if existing is not None and existing.deleted is None and same_life(existing.current, current):
-                safe_sweep(store, conf)
+            if existing is not None and existing["deleted"] is None and same_life(existing["current"], current):
+                sweep_quietly(store, conf)
                 return None
-            record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args or
-                              (existing.cniArgs if existing else {}))
+            record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
+                              inv.args or (existing["cniArgs"] if existing else {}))
             store.save(record)
-            safe_sweep(store, conf)
+            if existing is None:
+                log.info("CHECK adopted an attachment that had no record")
+            else:
+                log.warn("CHECK found a stale record and repaired it; the earlier life is kept for clean-up")
+            sweep_quietly(store, conf)
     finally:
         store.close()
-    if existing is None:
-        log.info("CHECK adopted an attachment that had no record")
-    else:
-        log.warn("CHECK found a stale record and repaired it; the earlier life is kept for clean-up")
     return None

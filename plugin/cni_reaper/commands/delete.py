@@ -5,15 +5,13 @@ Best effort: DEL never fails because of cni-reaper's own state or clean-up."""
 from __future__ import annotations
 
 from .. import log, netns
-from ..attachment import now
 from ..errors import CniError
-from ..models import Tombstone
-from ..plan import Target
-from ..reconcile import _ips, _nsid, safe_sweep
+from ..record import ips, key, nsid, tombstone
 from ..store import Store
+from ..sweep import sweep_quietly
 
 
-def immediate_targets(record, inv, conf) -> list[Target]:
+def immediate_targets(record: dict, inv, conf) -> list:
     """What of this attachment must go now, before the downstream plugins' DEL runs.
 
     - The recorded life is this DEL's netns and it is alive: bridge, firewall and portmap tear it down,
@@ -22,26 +20,29 @@ def immediate_targets(record, inv, conf) -> list[Target]:
       masquerade teardown, so everything of the recorded lives goes; but while CNI_NETNS is a live namespace
       the masquerade chain itself stays (bridge's DEL would fail on a missing chain; measured on 1.1.1).
     """
-    cur = record.current
-    key = (record.network, record.containerID, record.ifname)
+    cur = record["current"]
     given_alive = netns.identity(inv.netns) is not None
-    same_life = given_alive and inv.netns == cur.netns and netns.is_alive(cur.netns, _nsid(cur))
-    targets = []
+    same_life = given_alive and inv.netns == cur["netns"] and netns.is_alive(cur["netns"], nsid(cur))
+    parts = set()
     if same_life:
-        parts = set()
         if not conf.runtimeConfig.portMappings:
             parts.add("dnat")
         if conf.prevResult is None:
             parts.add("forward")
-        if parts:
-            targets.append(Target(*key, dead_ips=frozenset(_ips([cur])), whole=True, keep_masq_chain=True,
-                                  parts=frozenset(parts), reason="DEL without ports or prevResult"))
-        old = _ips(record.earlier) - _ips([cur])
-        if record.earlier:
-            targets.append(Target(*key, dead_ips=frozenset(old), whole=False, reason="earlier incarnation"))
-    else:
-        targets.append(Target(*key, dead_ips=frozenset(_ips([cur, *record.earlier])), whole=True,
-                              keep_masq_chain=given_alive, reason="DEL of a dead attachment"))
+    if same_life and not parts and not record["earlier"]:
+        return []  # the common case: the downstream plugins remove everything; nothing to import
+    from ..plan import Target
+
+    if not same_life:
+        return [Target(*key(record), dead_ips=frozenset(ips(cur, *record["earlier"])), whole=True,
+                       keep_masq_chain=given_alive, reason="DEL of a dead attachment")]
+    targets = []
+    if parts:
+        targets.append(Target(*key(record), dead_ips=frozenset(ips(cur)), whole=True, keep_masq_chain=True,
+                              parts=frozenset(parts), reason="DEL without ports or prevResult"))
+    if record["earlier"]:
+        targets.append(Target(*key(record), dead_ips=frozenset(ips(*record["earlier"]) - ips(cur)), whole=False,
+                              reason="earlier incarnation"))
     return targets
 
 
@@ -57,16 +58,12 @@ def run(inv):
                 log.info("no record for this attachment; nothing of it to remove")
             else:
                 extra = immediate_targets(record, inv, conf)
-                if record.deleted is None:
-                    record.deleted = Tombstone(
-                        at=now(),
-                        netnsGone=netns.identity(inv.netns) is None,
-                        hadPrevResult=conf.prevResult is not None,
-                        hadPortMappings=bool(conf.runtimeConfig.portMappings),
-                    )
+                if record["deleted"] is None:
+                    record["deleted"] = tombstone(netns.identity(inv.netns) is None, conf.prevResult is not None,
+                                                  bool(conf.runtimeConfig.portMappings))
                 store.save(record)
-            exclude = frozenset({record.key}) if record is not None else frozenset()
-            safe_sweep(store, conf, exclude=exclude, extra=extra)
+            exclude = frozenset({key(record)}) if record is not None else frozenset()
+            sweep_quietly(store, conf, exclude=exclude, extra=extra)
     except CniError as err:
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.
         log.warn("DEL could not use the state directory; continuing", error=err.msg, details=err.details)

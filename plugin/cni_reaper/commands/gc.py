@@ -8,8 +8,10 @@ from .. import log, names
 from ..errors import INVALID_CONFIG, CniError
 from ..hostlocal import locked_networks
 from ..plan import Target, tagged_ids
-from ..reconcile import classify, clean, safe_sweep, targets_for
+from ..reconcile import clean, targets_for
+from ..record import key
 from ..store import Store
+from ..sweep import LIVE, classify, sweep_quietly
 
 VALID_KEY = "cni.dev/valid-attachments"
 
@@ -73,19 +75,21 @@ def run(inv):
     try:
         with store.locked():
             records = list(store.records())
-            mine = [r for r in records if r.network == conf.name]
-            invalid = [r for r in mine if (r.containerID, r.ifname) not in valid]
+            mine = [r for r in records if r["network"] == conf.name]
+            invalid = [r for r in mine if (r["containerID"], r["ifname"]) not in valid]
+            invalid_keys = {key(r) for r in invalid}
             targets = [t for r in invalid for t in targets_for(r, "dead")]
-            live_others = [r for r in records if r not in invalid and classify(r, conf.cniCacheDir) == "live"]
-            targets += orphan_targets(conf, valid_ids, {r.containerID for r in mine})
+            live_others = [r for r in records
+                           if key(r) not in invalid_keys and classify(r, conf.cniCacheDir) == LIVE]
+            targets += orphan_targets(conf, valid_ids, {r["containerID"] for r in mine})
             outcome = clean(targets, live_others, conf)
             for r in invalid:
-                if r.key not in outcome.failed:
-                    store.remove(*r.key)
-            live_keys = {(r.containerID, r.ifname) for r in live_others if r.network == conf.name}
+                if key(r) not in outcome.failed:
+                    store.remove(*key(r))
+            live_keys = {(r["containerID"], r["ifname"]) for r in live_others if r["network"] == conf.name}
             release_invalid_reservations(conf, valid, live_keys)
             # other networks' dead attachments too, as on every verb
-            safe_sweep(store, conf, exclude=frozenset(r.key for r in mine))
+            sweep_quietly(store, conf, exclude=frozenset(key(r) for r in mine))
     finally:
         store.close()
     return None

@@ -52,14 +52,14 @@ def _opportunistic_sweep(conf) -> None:
     """Sweep if the state directory exists and nobody holds its lock; STATUS itself never waits or fails."""
     if not os.path.isdir(conf.stateDir):
         return
-    from ..reconcile import safe_sweep
     from ..store import Store
+    from ..sweep import sweep_quietly
 
     store = Store(conf.stateDir, lock_timeout=0)
     try:
         store.open(create=False)
         with store.locked():
-            safe_sweep(store, conf)
+            sweep_quietly(store, conf)
     except CniError:
         pass
     finally:
