@@ -190,6 +190,7 @@ class Tombstone(BaseModel):
     netnsGone: bool
     hadPrevResult: bool
     hadPortMappings: bool
+    verify: bool = True
 
 
 class Record(BaseModel):

@@ -66,11 +66,13 @@ def merge(existing: Record | None, network: str, container_id: str, ifname: str,
     kept = False
     if existing is not None:
         earlier = list(existing["earlier"])
-        if existing["deleted"] is not None or not same_life(existing["current"], current):
-            earlier.append(existing["current"])
+        old = existing["current"]
+        if same_life(old, current) and existing["deleted"] is None:
+            current = dict(current, createdAt=old["createdAt"])
+        elif ips(old) - ips(current):
+            # an earlier life whose addresses the new one does not hold: its rules are to be cleaned
+            earlier.append(old)
             kept = True
-        else:
-            current = dict(current, createdAt=existing["current"]["createdAt"])
     return {
         "schema": SCHEMA,
         "network": network,
@@ -84,9 +86,12 @@ def merge(existing: Record | None, network: str, container_id: str, ifname: str,
     }, kept
 
 
-def tombstone(netns_gone: bool, had_prev_result: bool, had_port_mappings: bool) -> dict[str, Any]:
+def tombstone(netns_gone: bool, had_prev_result: bool, had_port_mappings: bool, verify: bool) -> dict:
+    """`verify`: whether a sweep must look at the tables once the DEL is over. A DEL that the downstream
+    plugins could do whole (live netns, prevResult and ports given, no earlier life) needs no look: when
+    libcni has dropped its cache entry, every plugin's DEL succeeded."""
     return {"at": iso_now(), "netnsGone": netns_gone, "hadPrevResult": had_prev_result,
-            "hadPortMappings": had_port_mappings}
+            "hadPortMappings": had_port_mappings, "verify": verify}
 
 
 def key(record: Record) -> tuple[str, str, str]:

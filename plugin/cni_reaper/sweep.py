@@ -36,6 +36,11 @@ def classify(record: dict, cache_dir: str, now: float | None = None) -> str:
     return LIVE if netns.is_alive(cur["netns"], nsid(cur)) else DEAD
 
 
+def settled(record: dict, state: str) -> bool:
+    """A tombstone whose DEL is over and needs no look at the tables (see record.tombstone)."""
+    return state == DONE and not record["deleted"].get("verify", True)
+
+
 def stale(records: list[dict], states: dict, exclude: frozenset) -> bool:
     return any(key(r) not in exclude and (states[key(r)] in SWEEPABLE or (states[key(r)] == LIVE and r["earlier"]))
                for r in records)
@@ -47,6 +52,12 @@ def sweep_quietly(store, conf, exclude: frozenset = frozenset(), extra: list | N
     try:
         records = list(store.records())
         states = {key(r): classify(r, conf.cniCacheDir) for r in records}
+        done = [r for r in records if key(r) not in exclude and settled(r, states[key(r)])]
+        for r in done:
+            store.remove(*key(r))
+        if done:
+            records = [r for r in records if not any(r is d for d in done)]
+            log.info("records of finished DELs dropped", count=len(done))
         if not extra and not stale(records, states, exclude):
             return None
         from .reconcile import sweep

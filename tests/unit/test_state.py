@@ -71,13 +71,15 @@ def test_re_add_with_new_ip_keeps_the_earlier_incarnation():
     assert not kept and len(same["earlier"]) == 1
 
 
-def test_re_add_after_del_keeps_the_torn_down_life():
+def test_re_add_after_del_keeps_the_torn_down_life_only_when_it_held_other_addresses():
     from cni_reaper.record import merge, tombstone
 
     first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
-    first["deleted"] = tombstone(True, True, True)
-    again, kept = merge(first, "n", "x", "eth0", _life("172.26.64.2/20"), {})
+    first["deleted"] = tombstone(True, True, True, verify=True)
+    again, kept = merge(first, "n", "x", "eth0", _life("172.26.64.3/20"), {})
     assert kept and again["deleted"] is None and len(again["earlier"]) == 1
+    same, kept = merge(first, "n", "x", "eth0", _life("172.26.64.2/20"), {})
+    assert not kept and same["deleted"] is None and same["earlier"] == []
 
 
 def test_earlier_incarnations_are_bounded():

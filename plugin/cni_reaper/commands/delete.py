@@ -60,7 +60,7 @@ def run(inv):
                 extra = immediate_targets(record, inv, conf)
                 if record["deleted"] is None:
                     record["deleted"] = tombstone(netns.identity(inv.netns) is None, conf.prevResult is not None,
-                                                  bool(conf.runtimeConfig.portMappings))
+                                                  bool(conf.runtimeConfig.portMappings), verify=bool(extra))
                 store.save(record)
             exclude = frozenset({key(record)}) if record is not None else frozenset()
             sweep_quietly(store, conf, exclude=exclude, extra=extra)

@@ -1,0 +1,58 @@
+"""The verbs on the start and stop path of every allocation stay light: with nothing stale they import
+neither pydantic nor the netfilter machinery nor a subprocess, and a finished DEL's tombstone is dropped
+without reading the tables. (Timing is measured by scripts/bench.sh, never asserted here.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from helpers import NETNS, conf, prev_result
+
+HEAVY = ("pydantic", "pydantic_core", "pyroute2", "iptc", "ipaddress", "subprocess", "datetime", "hashlib",
+         "cni_reaper.reconcile", "cni_reaper.netfilter", "cni_reaper.plan", "cni_reaper.models")
+
+PROBE = """
+import io, json, os, sys
+from cni_reaper import shell
+env = json.loads(sys.argv[1])
+out = io.StringIO()
+rc = shell.run(env, io.BytesIO(sys.argv[2].encode()), out)
+heavy = sorted({m.split(".")[0] if not m.startswith("cni_reaper") else m for m in sys.modules
+                if m.startswith(tuple(json.loads(sys.argv[3])))})
+print(json.dumps({"rc": rc, "heavy": heavy}))
+"""
+
+
+def run_verb(command, config, cid="alloc-1", netns=NETNS):
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": "eth0", "CNI_PATH": "/x"}
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(env), json.dumps(config), json.dumps(HEAVY)],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_add_del_status_with_nothing_stale_import_nothing_heavy(tmp_path):
+    state = tmp_path / "s"
+    ports = {"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}
+    for i in range(3):  # other live attachments
+        assert run_verb("ADD", conf(state, prev=prev_result(address=f"172.26.64.{i + 5}/20"), runtimeConfig=ports),
+                        cid=f"other-{i}") == {"rc": 0, "heavy": []}
+    add = run_verb("ADD", conf(state, runtimeConfig=ports))
+    assert add == {"rc": 0, "heavy": []}
+    assert run_verb("DEL", conf(state, runtimeConfig=ports)) == {"rc": 0, "heavy": []}
+    status = run_verb("STATUS", conf(state, "1.1.0", prev=None))
+    assert status == {"rc": 0, "heavy": []}
+    # the finished DEL's tombstone went without a look at the tables
+    names = {json.loads(p.read_text())["containerID"] for p in state.glob("r-*.json")}
+    assert names == {"other-0", "other-1", "other-2"}
+
+
+def test_a_del_that_must_clean_does_load_the_machinery(tmp_path):
+    """The converse, so that the test above can fail: a dead attachment makes the sweep do real work."""
+    state = tmp_path / "s"
+    assert run_verb("ADD", conf(state))["rc"] == 0
+    dead = run_verb("DEL", conf(state), netns="/var/run/netns/gone-for-good")
+    assert dead["rc"] == 0 and "cni_reaper.reconcile" in dead["heavy"]
