@@ -8,7 +8,6 @@ bundle of a program that only passes prevResult through, built like cni-reaper).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -22,7 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "plugin"))
 
-from sandbox import Sandbox, build_driver, sh, unique  # noqa: E402
+from artifacts import ip_of, leak, restore_text, write_records, write_reservations  # noqa: E402
+from sandbox import Sandbox, build_driver, unique  # noqa: E402
 
 BINARY = REPO / "dist" / "cni-reaper" / "cni-reaper"
 FLOOR = REPO / "dist" / "floor" / "floor"
@@ -103,77 +103,23 @@ def median_ms(xs: list[float]) -> float:
     return round(statistics.median(xs) * 1000, 2)
 
 
-# -- what the reference plugins leave for one attachment (shapes from ../shared/REFERENCE.md) ------------
-def chain(prefix: str, network: str, cid: str) -> str:
-    return ("CNI-" + prefix + hashlib.sha512((network + cid).encode()).hexdigest())[:28]
-
-
-def leak(network: str, cid: str, ip: str, port: int) -> tuple[list[str], list[str], list[list[str]]]:
-    """(nat lines, filter lines, the per-rule iptables commands Nomad's way would run to remove them)."""
-    m, d = chain("", network, cid), chain("DN-", network, cid)
-    tag = f'name: \\"{network}\\" id: \\"{cid}\\"'
-    dtag = f'dnat name: \\"{network}\\" id: \\"{cid}\\"'
-    nat = [f":{m} - [0:0]", f":{d} - [0:0]",
-           f'-A POSTROUTING -s {ip}/32 -m comment --comment "{tag}" -j {m}',
-           f'-A {m} -d 172.26.0.0/16 -m comment --comment "{tag}" -j ACCEPT',
-           f'-A {m} ! -d 224.0.0.0/4 -m comment --comment "{tag}" -j MASQUERADE']
-    jumps = []
-    for proto in ("tcp", "udp"):
-        jump = f'-p {proto} -m comment --comment "{dtag}" -m multiport --dports {port} -j {d}'
-        jumps.append(jump)
-        nat += [f"-A CNI-HOSTPORT-DNAT {jump}",
-                f"-A {d} -s 172.26.0.0/16 -p {proto} -m {proto} --dport {port} -j CNI-HOSTPORT-SETMARK",
-                f"-A {d} -p {proto} -m {proto} --dport {port} -j DNAT --to-destination {ip}:80"]
-    filt = [f"-A CNI-FORWARD -d {ip}/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-            f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT"]
-    plain_tag = f'name: "{network}" id: "{cid}"'
-    plain_dtag = f'dnat name: "{network}" id: "{cid}"'
-    cmds = [["-t", "nat", "-D", "POSTROUTING", "-s", f"{ip}/32", "-m", "comment", "--comment", plain_tag, "-j", m],
-            ["-t", "nat", "-F", m], ["-t", "nat", "-X", m]]
-    for proto in ("tcp", "udp"):
-        cmds.append(["-t", "nat", "-D", "CNI-HOSTPORT-DNAT", "-p", proto, "-m", "comment", "--comment", plain_dtag,
-                     "-m", "multiport", "--dports", str(port), "-j", d])
-    cmds += [["-t", "nat", "-F", d], ["-t", "nat", "-X", d],
-             ["-t", "filter", "-D", "CNI-FORWARD", "-d", f"{ip}/32", "-m", "conntrack", "--ctstate",
-              "RELATED,ESTABLISHED", "-j", "ACCEPT"],
-             ["-t", "filter", "-D", "CNI-FORWARD", "-s", f"{ip}/32", "-j", "ACCEPT"]]
-    return nat, filt, cmds
-
-
-def ip_of(i: int) -> str:
-    return f"172.26.{(i + 2) // 250 + 1}.{(i + 2) % 250 + 2}"
-
-
 def plant(sb: Sandbox, tmp: Path, n: int, live_netns: str | None = None) -> list[list[str]]:
     """N attachments' leftovers in the sandbox's tables, N records (dead, or live on `live_netns`) and N
-    host-local reservations. Returns the Nomad-way removal commands."""
-    from cni_reaper.record import incarnation, merge
-    from cni_reaper.store import Store
-
-    nat = [":CNI-HOSTPORT-DNAT - [0:0]", ":CNI-HOSTPORT-SETMARK - [0:0]"]
-    filt = [":CNI-FORWARD - [0:0]"]
-    cmds: list[list[str]] = []
-    store = Store(str(tmp / "state")).open()
-    ipam = tmp / "ipam" / NETWORK
-    ipam.mkdir(parents=True, exist_ok=True)
-    with store.locked():
-        for i in range(n):
-            cid, ip, port = f"dead-{i:05d}", ip_of(i), 20000 + i
-            if live_netns is None:
-                a, b, c = leak(NETWORK, cid, ip, port)
-                nat += a
-                filt += b
-                cmds += c
-                (ipam / ip).write_text(f"{cid}\r\neth0")
-            inc = incarnation(live_netns or f"/var/run/netns/bench-gone-{i}",
-                              [{"address": ip, "prefix": 16, "family": 4}],
-                              [{"hostPort": port, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
-            record, _ = merge(None, NETWORK, cid, "eth0", inc, {})
-            store.save(record)
-    store.close()
+    host-local reservations. Returns the per-rule removal commands (Nomad's way)."""
+    nat, filt, cmds = [], [], []
+    items = []
+    for i in range(n):
+        cid, ip, port = f"dead-{i:05d}", ip_of(i), 20000 + i
+        items.append((cid, ip, port, live_netns or f"/var/run/netns/bench-gone-{i}"))
+        if live_netns is None:
+            a, b, c = leak(NETWORK, cid, ip, port)
+            nat += a
+            filt += b
+            cmds += c
+    write_records(tmp / "state", NETWORK, items)
     if live_netns is None:
-        text = "*nat\n" + "\n".join(nat) + "\nCOMMIT\n*filter\n" + "\n".join(filt) + "\nCOMMIT\n"
-        sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=text, check=True)
+        write_reservations(tmp / "ipam", NETWORK, [(cid, ip) for cid, ip, _, _ in items])
+        sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
     return cmds
 
 
@@ -234,9 +180,7 @@ def bench_verbs(pairs: int, driver: str) -> dict:
                 dconf = conf(tmp, dip, 31000 + i, netns=gone)
                 assert run(str(BINARY), cni_env("ADD", dcid, gone), dconf)[2] == 0
                 nat, filt, _ = leak(NETWORK, dcid, dip, 31000 + i)
-                text = "*nat\n:CNI-HOSTPORT-DNAT - [0:0]\n:CNI-HOSTPORT-SETMARK - [0:0]\n" + "\n".join(nat) + \
-                       "\nCOMMIT\n*filter\n:CNI-FORWARD - [0:0]\n" + "\n".join(filt) + "\nCOMMIT\n"
-                sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=text, check=True)
+                sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
                 sb.remove_container(gone)
                 secs, kib, rc, _ = run(str(BINARY), cni_env("DEL", dcid, gone), dconf)
                 assert rc == 0

@@ -118,12 +118,20 @@ class Sandbox:
         env.update(extra or {})
         return env
 
+    def wrap(self, argv: list[str], pre: str = "") -> list[str]:
+        """argv run inside the host netns, in a private mount namespace with the sandbox's /var/lib/cni
+        (and `pre`, shell commands run first in that namespace, e.g. to hide a binary)."""
+        return ["ip", "netns", "exec", self.host, "sh", "-c",
+                f'mount --bind "$0" /var/lib/cni && {pre + " && " if pre else ""}exec "$@"', str(self.cni_dir), *argv]
+
     def run(self, argv: list[str], env: dict[str, str] | None = None, input: str | None = None,
-            check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
-        wrapped = ["ip", "netns", "exec", self.host, "sh", "-c",
-                   'mount --bind "$0" /var/lib/cni && exec "$@"', str(self.cni_dir), *argv]
-        return subprocess.run(wrapped, env=self.env(env), input=input, text=True, capture_output=True,
+            check: bool = False, timeout: float = 120, pre: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run(self.wrap(argv, pre), env=self.env(env), input=input, text=True, capture_output=True,
                               check=check, timeout=timeout)
+
+    def popen(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        return subprocess.Popen(self.wrap(argv), env=self.env(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
     def conflist(self, path: Path = SHIPPED_CONFLIST, without_reaper: bool = False, name: str | None = None,
                  bridge: str | None = None, subnet: str | None = None, **reaper_conf) -> Path:
@@ -158,14 +166,14 @@ class Sandbox:
         return self.run(argv)
 
     def plugin(self, command: str, conf: dict | str | bytes, cid: str = "", netns: str = "", ifname: str = "eth0",
-               env: dict[str, str] | None = None) -> tuple[int, dict | None, str]:
+               env: dict[str, str] | None = None, pre: str = "") -> tuple[int, dict | None, str]:
         """Invoke cni-reaper directly as a runtime would. Returns (exit status, stdout JSON or None, stderr)."""
         cni_env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
                    "CNI_PATH": f"{self.plugin_dir}:{REFERENCE_PLUGINS}"}
         cni_env.update(env or {})
         cni_env = {k: v for k, v in cni_env.items() if v is not None}
         stdin = conf if isinstance(conf, str) else json.dumps(conf)
-        proc = self.run([str(self.plugin_dir / "cni-reaper")], env=cni_env, input=stdin)
+        proc = self.run([str(self.plugin_dir / "cni-reaper")], env=cni_env, input=stdin, pre=pre)
         out = json.loads(proc.stdout) if proc.stdout.strip() else None
         return proc.returncode, out, proc.stderr
 
@@ -173,6 +181,13 @@ class Sandbox:
         tool = "iptables-save" if family == 4 else "ip6tables-save"
         argv = [str(self.bin_dir / tool)] + (["-t", table] if table else [])
         return self.run(argv, check=True).stdout
+
+    def status_conf(self, **extra) -> dict:
+        """A STATUS config for cni-reaper with the sandbox's defaults (the cheapest verb that sweeps)."""
+        return {"cniVersion": "1.1.0", "name": "nomad-reaper", "type": "cni-reaper", "logFile": str(self.log_file), **extra}
+
+    def status(self, pre: str = "", **extra) -> tuple[int, dict | None, str]:
+        return self.plugin("STATUS", self.status_conf(**extra), cid="", netns="", ifname="", pre=pre)
 
     def tables(self) -> str:
         """nat and filter of both families, counters dropped: what 'byte-identical' is judged on."""

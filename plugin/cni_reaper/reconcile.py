@@ -133,7 +133,7 @@ def _families(targets: list[Target]) -> list[int]:
 
 
 def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_run: bool = False) -> None:
-    from .netfilter.backend import BackendError, select
+    from .netfilter.backend import BackendError, LockHeld, select
 
     wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
     if not wanted:
@@ -159,6 +159,10 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_ru
                 outcome.skipped += p.skipped
                 last_error = None
                 break
+            except LockHeld as exc:  # someone holds the tables: no point in retrying now; a later call will
+                outcome.errors.append(f"ipv{family}: {exc}")
+                outcome.failed |= {t.key for t in wanted}
+                return
             except BackendError as exc:  # a concurrent writer changed the table: re-read and retry
                 last_error = exc
         if last_error is not None:

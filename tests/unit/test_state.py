@@ -254,3 +254,61 @@ def test_gc_refuses_a_missing_or_malformed_valid_list(tmp_path, valid):
     rc, out = invoke("GC", gc, cid=None, netns=None, ifname=None)
     assert rc == 1 and out["code"] == 7
     assert records(state)[0]["deleted"] is None
+
+
+def test_a_record_owned_by_another_user_is_quarantined(tmp_path, capfd):
+    state = tmp_path / "s"
+    invoke("ADD", conf(state))
+    [path] = state.glob("r-*.json")
+    os.chown(path, 65534, 65534)  # nobody
+    assert invoke("DEL", conf(state)) == (0, None)
+    assert invoke("STATUS", conf(state, "1.1.0", prev=None)) == (0, None)
+    assert list(state.glob("*.corrupt")) and "owned by uid 65534" in capfd.readouterr().err
+
+
+def test_a_state_dir_owned_by_another_user_is_refused_but_del_and_status_go_on(tmp_path):
+    state = tmp_path / "s"
+    state.mkdir(mode=0o700)
+    os.chown(state, 65534, 65534)
+    rc, out = invoke("ADD", conf(state))
+    assert rc == 1 and out["code"] == 5 and "owned by uid 65534" in out["msg"]
+    assert invoke("DEL", conf(state)) == (0, None)
+    rc, out = invoke("STATUS", conf(state, "1.1.0", prev=None))
+    assert rc == 1 and out["code"] == 50 and "owned by uid 65534" in out["msg"]
+
+
+FULL_DISK = r"""
+import io, json, sys
+from cni_reaper import shell
+state = sys.argv[1]
+results = {}
+for verb, version in (("ADD", "1.0.0"), ("DEL", "1.0.0"), ("STATUS", "1.1.0")):
+    conf = {"cniVersion": version, "name": "n", "stateDir": state, "logFile": "",
+            "prevResult": {"cniVersion": version, "ips": [{"address": "10.0.0.2/24"}]}}
+    env = {"CNI_COMMAND": verb, "CNI_CONTAINERID": "big", "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/x", "CNI_ARGS": "K=" + "v" * 4000}
+    out = io.StringIO()
+    rc = shell.run(env, io.BytesIO(json.dumps(conf).encode()), out)
+    results[verb] = [rc, json.loads(out.getvalue()) if out.getvalue() else None]
+print(json.dumps(results))
+"""
+
+
+def test_a_full_disk_is_a_clear_io_error_on_add_and_del_and_status_still_succeed(tmp_path):
+    import subprocess
+    import sys
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    # a 16 KiB tmpfs, mounted in a private mount namespace so that nothing outside the test sees it
+    script = (f"mount -t tmpfs -o size=16k none {mnt} && mkdir -m 700 {mnt}/s && "
+              f"dd if=/dev/zero of={mnt}/fill bs=1k count=64 2>/dev/null; "
+              f'exec "{sys.executable}" -c "$0" {mnt}/s')
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, FULL_DISK],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)
+    rc, out = results["ADD"]
+    assert rc == 1 and out["code"] == 5 and "free space" in out["details"]
+    assert results["DEL"] == [0, None]
+    assert results["STATUS"] == [0, None]

@@ -12,6 +12,10 @@ class BackendError(Exception):
     pass
 
 
+class LockHeld(BackendError):
+    """Another process holds the xtables lock longer than we wait: give up for now, retry on a later call."""
+
+
 class Backend(Protocol):
     flavour: str
     name: str

@@ -15,7 +15,7 @@ from .backend import BackendError
 from .rules import Table, parse_save
 
 TABLES = ("nat", "filter")
-LOCK_WAIT_SECONDS = "5"
+LOCK_WAIT_SECONDS = "3"
 TIMEOUT_SECONDS = 30
 
 
@@ -38,7 +38,10 @@ class SaveRestoreBackend:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise BackendError(f"{os.path.basename(argv[0])}: {exc}") from None
         if proc.returncode != 0:
-            raise BackendError(f"{os.path.basename(argv[0])} exited {proc.returncode}: {proc.stderr.strip()[:500]}")
+            message = f"{os.path.basename(argv[0])} exited {proc.returncode}: {proc.stderr.strip()[:500]}"
+            if proc.returncode == 4 and "xtables lock" in proc.stderr:
+                raise LockHeld(message)
+            raise BackendError(message)
         return proc.stdout
 
     def read(self, family: int) -> dict[str, Table]:

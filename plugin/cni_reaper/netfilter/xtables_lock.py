@@ -7,20 +7,20 @@ import os
 from contextlib import contextmanager
 
 from ..locking import flock_within
-from .backend import BackendError
+from .backend import BackendError, LockHeld
 
 LOCK_PATH = os.environ.get("XTABLES_LOCKFILE", "/run/xtables.lock")
 
 
 @contextmanager
-def xtables_lock(timeout: float = 5.0):
+def xtables_lock(timeout: float = 3.0):
     try:
         fd = os.open(LOCK_PATH, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise BackendError(f"cannot open {LOCK_PATH}: {exc.strerror}") from None
     try:
         if not flock_within(fd, timeout):
-            raise BackendError(f"the xtables lock {LOCK_PATH} is held by another process")
+            raise LockHeld(f"the xtables lock {LOCK_PATH} is held by another process for more than {timeout:g}s")
         yield
     finally:
         os.close(fd)

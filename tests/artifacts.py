@@ -1,0 +1,80 @@
+"""What the reference plugins leave in netfilter and host-local for one attachment (the shapes measured in
+../shared/REFERENCE.md), planted directly: for the benchmark's and the reliability tests' thousands of
+attachments, where running the real chain for each would take minutes. The end-to-end tests use the real
+plugins instead."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugin"))
+
+
+def chain(prefix: str, network: str, cid: str) -> str:
+    return ("CNI-" + prefix + hashlib.sha512((network + cid).encode()).hexdigest())[:28]
+
+
+def ip_of(i: int, base: str = "172.26") -> str:
+    return f"{base}.{(i + 2) // 250 + 1}.{(i + 2) % 250 + 2}"
+
+
+def leak(network: str, cid: str, ip: str, port: int) -> tuple[list[str], list[str], list[list[str]]]:
+    """(nat lines, filter lines, the per-rule iptables commands that remove them one process each)."""
+    m, d = chain("", network, cid), chain("DN-", network, cid)
+    tag = f'name: \\"{network}\\" id: \\"{cid}\\"'
+    dtag = f'dnat name: \\"{network}\\" id: \\"{cid}\\"'
+    nat = [f":{m} - [0:0]", f":{d} - [0:0]",
+           f'-A POSTROUTING -s {ip}/32 -m comment --comment "{tag}" -j {m}',
+           f'-A {m} -d 172.26.0.0/16 -m comment --comment "{tag}" -j ACCEPT',
+           f'-A {m} ! -d 224.0.0.0/4 -m comment --comment "{tag}" -j MASQUERADE']
+    for proto in ("tcp", "udp"):
+        nat += [f'-A CNI-HOSTPORT-DNAT -p {proto} -m comment --comment "{dtag}" -m multiport --dports {port} -j {d}',
+                f"-A {d} -s 172.26.0.0/16 -p {proto} -m {proto} --dport {port} -j CNI-HOSTPORT-SETMARK",
+                f"-A {d} -p {proto} -m {proto} --dport {port} -j DNAT --to-destination {ip}:80"]
+    filt = [f"-A CNI-FORWARD -d {ip}/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT"]
+    plain_tag, plain_dtag = f'name: "{network}" id: "{cid}"', f'dnat name: "{network}" id: "{cid}"'
+    cmds = [["-t", "nat", "-D", "POSTROUTING", "-s", f"{ip}/32", "-m", "comment", "--comment", plain_tag, "-j", m],
+            ["-t", "nat", "-F", m], ["-t", "nat", "-X", m]]
+    for proto in ("tcp", "udp"):
+        cmds.append(["-t", "nat", "-D", "CNI-HOSTPORT-DNAT", "-p", proto, "-m", "comment", "--comment", plain_dtag,
+                     "-m", "multiport", "--dports", str(port), "-j", d])
+    cmds += [["-t", "nat", "-F", d], ["-t", "nat", "-X", d],
+             ["-t", "filter", "-D", "CNI-FORWARD", "-d", f"{ip}/32", "-m", "conntrack", "--ctstate",
+              "RELATED,ESTABLISHED", "-j", "ACCEPT"],
+             ["-t", "filter", "-D", "CNI-FORWARD", "-s", f"{ip}/32", "-j", "ACCEPT"]]
+    return nat, filt, cmds
+
+
+SHARED_NAT = [":CNI-HOSTPORT-DNAT - [0:0]", ":CNI-HOSTPORT-SETMARK - [0:0]"]
+SHARED_FILTER = [":CNI-FORWARD - [0:0]"]
+
+
+def restore_text(nat: list[str], filt: list[str]) -> str:
+    return "*nat\n" + "\n".join(SHARED_NAT + nat) + "\nCOMMIT\n*filter\n" + "\n".join(SHARED_FILTER + filt) + "\nCOMMIT\n"
+
+
+def write_records(state_dir: Path, network: str, items: list[tuple[str, str, int, str]]) -> None:
+    """One record per (container ID, ip, host port, netns path) through the plugin's own store."""
+    from cni_reaper.record import incarnation, merge
+    from cni_reaper.store import Store
+
+    store = Store(str(state_dir)).open()
+    try:
+        with store.locked():
+            for cid, ip, port, netns in items:
+                inc = incarnation(netns, [{"address": ip, "prefix": 16, "family": 4}],
+                                  [{"hostPort": port, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
+                record, _ = merge(None, network, cid, "eth0", inc, {})
+                store.save(record)
+    finally:
+        store.close()
+
+
+def write_reservations(ipam_dir: Path, network: str, items: list[tuple[str, str]]) -> None:
+    d = ipam_dir / network
+    d.mkdir(parents=True, exist_ok=True)
+    for cid, ip in items:
+        (d / ip).write_text(f"{cid}\r\neth0")

@@ -1,0 +1,89 @@
+"""Never break the chain: DEL and STATUS exit 0 whenever cni-reaper's own clean-up fails (iptables broken,
+a restore that fails, the xtables lock held by someone else); the failure is logged and the record kept, and
+a later call finishes the job."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sandbox import unique
+
+pytestmark = pytest.mark.netns
+
+
+def ips_of(proc):
+    assert proc.returncode == 0, proc.stderr
+    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
+
+
+def dead_attachment(sb):
+    cid = unique("alloc-")
+    netns = sb.container()
+    ips = ips_of(sb.driver("add", cid, netns, ("8080:80/tcp",)))
+    sb.remove_container(netns)
+    return cid, netns, ips
+
+
+def reaper_conf(sb, version="1.0.0"):
+    conf = json.loads(sb.conflist().read_text())
+    return dict(conf["plugins"][-1], cniVersion=version, name=conf["name"])
+
+
+HIDE_IPTABLES = "for b in /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi; do mount --bind /dev/null $b; done"
+
+
+def test_broken_iptables_does_not_fail_del_or_status(sandbox):
+    cid, netns, ips = dead_attachment(sandbox)
+    rc, out, err = sandbox.plugin("DEL", reaper_conf(sandbox), cid=cid, netns=netns, pre=HIDE_IPTABLES)
+    assert rc == 0 and out is None, err
+    assert "clean-up failed; will retry on a later call" in err
+    assert sandbox.record(cid) is not None  # kept for the retry
+    rc, out, err = sandbox.status(pre=HIDE_IPTABLES)
+    assert rc == 0, (out, err)
+    assert sandbox.residue("nomad-reaper", cid, ips)  # nothing could be removed yet
+    rc, out, err = sandbox.status()  # iptables is back
+    assert rc == 0
+    assert sandbox.residue("nomad-reaper", cid, ips) == [] and sandbox.record(cid) is None
+
+
+def test_a_failing_transaction_is_retried_rule_by_rule_and_reported(sandbox):
+    if sandbox.flavour != "nft":
+        pytest.skip("the restore tool is only used by the nft backend")
+    cid, netns, ips = dead_attachment(sandbox)
+    fake = sandbox.bin_dir / "iptables-nft-restore"
+    fake.write_text("#!/bin/sh\necho 'iptables-nft-restore: line 2 failed' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    try:
+        rc, out, err = sandbox.plugin("DEL", reaper_conf(sandbox), cid=cid, netns=netns)
+        assert rc == 0, (out, err)
+        assert "line 2 failed" in err and sandbox.record(cid) is not None
+    finally:
+        fake.unlink()
+    assert sandbox.status()[0] == 0
+    assert sandbox.residue("nomad-reaper", cid, ips) == []
+
+
+def test_xtables_lock_held_elsewhere_does_not_hang_or_fail_del(sandbox):
+    if sandbox.flavour != "legacy":
+        pytest.skip("the xtables lock guards legacy tables")
+    import time
+
+    cid, netns, ips = dead_attachment(sandbox)
+    lock = {"XTABLES_LOCKFILE": str(sandbox.root / "xtables.lock")}  # the sandbox's own lock, not the machine's
+    holder = sandbox.popen(["flock", lock["XTABLES_LOCKFILE"], "sleep", "60"], env=lock)
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        rc, out, err = sandbox.plugin("DEL", reaper_conf(sandbox), cid=cid, netns=netns, env=lock)
+        elapsed = time.monotonic() - t0
+        assert rc == 0, (out, err)
+        assert "xtables lock" in err and sandbox.record(cid) is not None
+        assert elapsed < 30, f"DEL waited {elapsed:.0f}s for a lock"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sandbox.status()[0] == 0
+    assert sandbox.residue("nomad-reaper", cid, ips) == []

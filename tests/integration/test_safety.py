@@ -1,0 +1,97 @@
+"""The safety property, randomized (seeded, reproducible): tables holding live attachments, dead ones, other
+networks, tagged attachments cni-reaper never recorded, Docker-style chains, user rules and look-alikes.
+After a verb, exactly the dead attachments' artifacts are gone and every other line is identical
+(counters ignored). Both flavours. CNI_REAPER_SAFETY_SEEDS sets how many layouts (8 by default)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from artifacts import chain, leak, restore_text, write_records, write_reservations
+from sandbox import Sandbox
+
+pytestmark = pytest.mark.netns
+SEEDS = int(os.environ.get("CNI_REAPER_SAFETY_SEEDS", "8"))
+NET = "nomad-reaper"
+
+
+def layout(sb: Sandbox, rng: random.Random, seed: int):
+    live_ns = [sb.container() for _ in range(rng.randint(1, 2))]
+    ips = iter(f"172.26.{rng.randint(1, 200)}.{i}" for i in rng.sample(range(2, 250), 60))
+    ports = iter(rng.sample(range(20000, 30000), 60))
+    live = [(f"live-{seed}-{k}", next(ips), next(ports), rng.choice(live_ns)) for k in range(rng.randint(1, 5))]
+    dead = [(f"dead-{seed}-{k}", next(ips), next(ports), f"/var/run/netns/gone-{seed}-{k}") for k in range(rng.randint(1, 6))]
+    orphans = [(f"orphan-{seed}-{k}", next(ips), next(ports)) for k in range(rng.randint(0, 2))]
+    other = [(f"other-{seed}-{k}", next(ips), next(ports)) for k in range(rng.randint(0, 3))]
+    nat, filt = [], []
+    for cid, ip, port, _ in live + dead:
+        a, b, _ = leak(NET, cid, ip, port)
+        nat += a
+        filt += b
+    for cid, ip, port in orphans:
+        a, b, _ = leak(NET, cid, ip, port)
+        nat += a
+        filt += b
+    for cid, ip, port in other:
+        a, b, _ = leak("other-net", cid, ip, port)
+        nat += a
+        filt += b
+    victim = rng.choice(dead)
+    lookalikes_nat = [
+        ":DOCKER - [0:0]", "-A DOCKER -i docker0 -j RETURN", "-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER",
+        f":CNI-{rng.getrandbits(96):024x} - [0:0]",
+        f'-A POSTROUTING -s {victim[1]}/32 -m comment --comment "copy of name: \\"{NET}\\" id: \\"{victim[0]}\\"" -j MASQUERADE',
+        f"-A POSTROUTING -s 10.{rng.randint(0, 255)}.0.0/16 -j MASQUERADE",
+    ]
+    lookalikes_filter = [":DOCKER-USER - [0:0]", "-A DOCKER-USER -j RETURN", "-A FORWARD -j DOCKER-USER",
+                         f"-A CNI-FORWARD -s {victim[1]}/32 -i eth9 -j ACCEPT"]
+    items = nat + lookalikes_nat
+    rng.shuffle(lookalikes_filter)
+    sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(items, filt + lookalikes_filter), check=True)
+    write_records(sb.state_dir(), NET, live + dead)
+    write_reservations(sb.cni_dir / "networks", NET, [(c, ip) for c, ip, _, _ in live + dead] + [(c, ip) for c, ip, _ in orphans])
+    return live, dead, orphans, live_ns
+
+
+def dead_lines(sb: Sandbox, dead) -> set[str]:
+    out = set()
+    for cid, ip, _, _ in dead:
+        out |= {l for l in sb.residue(NET, cid, [ip]) if "copy of" not in l and "-i eth9" not in l
+                and not l.startswith("reservation")}
+    return out
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_after_any_verb_exactly_the_dead_are_gone(tmp_path, flavour, package_exe, driver_bin, seed):
+    rng = random.Random(seed)
+    with Sandbox(tmp_path, flavour, package_exe, driver_bin) as sb:
+        live, dead, orphans, live_ns = layout(sb, rng, seed)
+        before = sb.tables().splitlines()
+        doomed = dead_lines(sb, dead)
+        assert doomed, "the layout planted nothing dead"
+        expected = [l for l in before if l not in doomed]
+        verb = rng.choice(["STATUS", "ADD", "CHECK", "GC"])
+        conf = sb.status_conf(cniVersion="1.0.0" if verb in ("ADD", "CHECK") else "1.1.0")
+        if verb in ("ADD", "CHECK"):
+            conf["prevResult"] = {"cniVersion": "1.0.0", "ips": [{"address": "172.26.250.250/16"}]}
+            rc, out, err = sb.plugin(verb, conf, cid=f"new-{seed}", netns=live_ns[0])
+        elif verb == "GC":
+            # the runtime lists the live ones and the orphans as valid: only the dead may go
+            conf["cni.dev/valid-attachments"] = [{"containerID": c, "ifname": "eth0"} for c, *_ in live + orphans]
+            rc, out, err = sb.plugin("GC", conf, cid="", netns="", ifname="")
+        else:
+            rc, out, err = sb.status()
+        assert rc == 0, (verb, out, err)
+        assert sb.tables().splitlines() == expected, f"seed {seed}, verb {verb}"
+        reserved = sb.reservations(NET)
+        assert not {c for c, *_ in dead} & set(reserved.values())
+        assert {c for c, *_ in live + orphans} <= set(reserved.values())
+        records = {json.loads(p.read_text())["containerID"] for p in sb.state_dir().glob("r-*.json")}
+        assert {c for c, *_ in live} <= records and not {c for c, *_ in dead} & records
+        # and once more: nothing else changes
+        assert sb.status()[0] == 0 and sb.tables().splitlines() == expected
+        assert chain("", NET, live[0][0]) in "\n".join(expected)
