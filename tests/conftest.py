@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sandbox import REPO, Sandbox, build_driver  # noqa: E402
+from sandbox import Sandbox, binary_exe, build_driver, needs_root  # noqa: E402
 
 FLAVOURS = ("nft", "legacy")
 
@@ -33,11 +33,6 @@ def host_tables_untouched():
     assert _host_cni_lines() == before, "a test changed the machine's own netfilter tables"
 
 
-def needs_root():
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces)")
-
-
 @pytest.fixture(scope="session")
 def driver_bin() -> str:
     try:
@@ -53,17 +48,10 @@ def _package_exe() -> str:
     return exe
 
 
-def _binary_exe() -> str:
-    exe = os.environ.get("CNI_REAPER_BIN") or str(REPO / "dist" / "cni-reaper" / "cni-reaper")
-    if not os.access(exe, os.X_OK):
-        pytest.skip("no built binary (scripts/build.sh); set CNI_REAPER_BIN to test one")
-    return exe
-
-
 @pytest.fixture(params=["package", "binary"])
 def reaper_exe(request) -> str:
     """The installed package's entry point and the PyInstaller bundle: both are exercised."""
-    return _package_exe() if request.param == "package" else _binary_exe()
+    return _package_exe() if request.param == "package" else binary_exe()
 
 
 @pytest.fixture

@@ -32,6 +32,23 @@ def unique(prefix: str) -> str:
     return f"{prefix}{os.getpid() % 100000}-{next(_counter)}"
 
 
+def binary_exe() -> str:
+    """The built bundle (scripts/build.sh), or CNI_REAPER_BIN; skips the calling test when there is none."""
+    import pytest
+
+    exe = os.environ.get("CNI_REAPER_BIN") or str(REPO / "dist" / "cni-reaper" / "cni-reaper")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("no built binary (scripts/build.sh); set CNI_REAPER_BIN to test one")
+    return exe
+
+
+def needs_root() -> None:
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+
+
 def build_driver() -> str:
     """Build the go-cni driver (tests/driver) offline, in GOPATH mode, once per source version."""
     if not shutil.which("go"):
@@ -129,9 +146,11 @@ class Sandbox:
         return subprocess.run(self.wrap(argv, pre), env=self.env(env), input=input, text=True, capture_output=True,
                               check=check, timeout=timeout)
 
-    def popen(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        return subprocess.Popen(self.wrap(argv), env=self.env(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    def popen(self, argv: list[str], env: dict[str, str] | None = None, quiet: bool = False) -> subprocess.Popen:
+        """Started, not waited for. With quiet, output goes to /dev/null (nothing can block on a full pipe)."""
+        out = subprocess.DEVNULL if quiet else subprocess.PIPE
+        return subprocess.Popen(self.wrap(argv), env=self.env(env), stdin=subprocess.PIPE, stdout=out, stderr=out,
+                                text=True)
 
     def conflist(self, path: Path = SHIPPED_CONFLIST, without_reaper: bool = False, name: str | None = None,
                  bridge: str | None = None, subnet: str | None = None, **reaper_conf) -> Path:
@@ -151,7 +170,9 @@ class Sandbox:
             if plugin["type"] == "bridge" and subnet:
                 plugin["ipam"]["ranges"] = [[{"subnet": subnet}]]
         out = self.root / f"{data['name']}{'-plain' if without_reaper else ''}.conflist"
-        out.write_text(json.dumps(data, indent=1))
+        tmp = out.with_suffix(f".{os.getpid()}.{next(_counter)}")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.rename(out)  # atomic: parallel drivers may be reading it
         return out
 
     def driver(self, op: str, cid: str, netns: str, ports: tuple[str, ...] = (), conflist: Path | None = None,
@@ -186,8 +207,8 @@ class Sandbox:
         """A STATUS config for cni-reaper with the sandbox's defaults (the cheapest verb that sweeps)."""
         return {"cniVersion": "1.1.0", "name": "nomad-reaper", "type": "cni-reaper", "logFile": str(self.log_file), **extra}
 
-    def status(self, pre: str = "", **extra) -> tuple[int, dict | None, str]:
-        return self.plugin("STATUS", self.status_conf(**extra), cid="", netns="", ifname="", pre=pre)
+    def status(self, pre: str = "", env: dict[str, str] | None = None, **extra) -> tuple[int, dict | None, str]:
+        return self.plugin("STATUS", self.status_conf(**extra), cid="", netns="", ifname="", pre=pre, env=env)
 
     def tables(self) -> str:
         """nat and filter of both families, counters dropped: what 'byte-identical' is judged on."""
@@ -202,15 +223,15 @@ class Sandbox:
             return {}
         return {p.name: p.read_text().split()[0] for p in d.iterdir() if p.name[0].isdigit() or ":" in p.name}
 
-    def residue(self, network: str, cid: str, ips: list[str]) -> list[str]:
+    def residue(self, network: str, cid: str, ips: list[str], tables: str | None = None) -> list[str]:
         """Everything of (network, cid) in the tables and host-local: chains, tagged rules, firewall rules of
-        its IPs, reservations naming it."""
+        its IPs, reservations naming it. Pass `tables` (from tables()) to check many attachments at once."""
         import hashlib
 
         digest = hashlib.sha512((network + cid).encode()).hexdigest()
         names = {("CNI-" + digest)[:28], ("CNI-DN-" + digest)[:28], ("CNI-SN-" + digest)[:28]}
         out = []
-        for line in self.tables().splitlines():
+        for line in (self.tables() if tables is None else tables).splitlines():
             if any(n in line for n in names) or f'id: \"{cid}\"' in line:
                 out.append(line)
             elif line.startswith("-A CNI-FORWARD") and any(f" {ip}/" in line for ip in ips):

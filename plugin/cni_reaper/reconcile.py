@@ -145,6 +145,7 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_ru
         outcome.errors.append(str(exc))
         outcome.failed |= {t.key for t in wanted}
         return
+    owners = {(t.network, t.container_id): t.key for t in wanted}
     for family in _families(wanted):
         last_error = None
         for _attempt in range(APPLY_ATTEMPTS):
@@ -154,8 +155,7 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_ru
                 if p.ops and not dry_run:
                     backend.apply(family, p.ops)
                 for op in p.ops:
-                    owner = next(t.key for t in wanted if (t.network, t.container_id) == op.owner)
-                    outcome.note(owner, f"ipv{family} {op.table} {op.chain}: {op.what}")
+                    outcome.note(owners[op.owner], f"ipv{family} {op.table} {op.chain}: {op.what}")
                 outcome.skipped += p.skipped
                 last_error = None
                 break
@@ -180,8 +180,9 @@ def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome, fir
         outcome.errors.append(f"ipv{family}: {exc}")
         outcome.failed |= {t.key for t in targets}
         return
+    owners = {(t.network, t.container_id): t.key for t in targets}
     for op in p.ops:
-        owner = next(t.key for t in targets if (t.network, t.container_id) == op.owner)
+        owner = owners[op.owner]
         try:
             backend.apply(family, [op])
             outcome.note(owner, f"ipv{family} {op.table} {op.chain}: {op.what}")
@@ -215,10 +216,11 @@ def sweep(store, conf, exclude: frozenset = frozenset(), extra: list[Target] | N
             continue
         state = states[key(r)]
         if state in SWEEPABLE:
-            store.remove(*key(r))
+            store.remove(*key(r), sync=False)
             log.info("record dropped", network=r["network"], containerID=r["containerID"], ifname=r["ifname"],
                      state=state)
         elif state == LIVE and r["earlier"]:
             r["earlier"] = []
             store.save(r)
+    store.sync()
     return outcome

@@ -142,8 +142,7 @@ def problem(data: Any) -> str | None:
                 return "incarnation: bad ips entry"
     if data["deleted"] is not None and _typed(data["deleted"], {"at": (str,)}):
         return "bad tombstone"
-    try:
-        iso_to_epoch(data["current"]["createdAt"])
+    try:  # only the tombstone's time is ever computed with
         if data["deleted"] is not None:
             iso_to_epoch(data["deleted"]["at"])
     except (ValueError, IndexError):

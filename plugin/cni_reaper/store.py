@@ -148,7 +148,7 @@ class Store:
                 problem = f"too large ({st.st_size} bytes)"
             else:
                 problem = None
-            data = b"" if problem else os.read(fd, MAX_RECORD_BYTES + 1)
+            data = b"" if problem else os.read(fd, st.st_size + 1)  # not a 1 MiB buffer per record
         finally:
             os.close(fd)
         if problem is None:
@@ -189,12 +189,17 @@ class Store:
             raise CniError(IO_FAILURE, f"cannot write record in {self.root}: {exc.strerror}",
                            "check free space and permissions of the state directory") from None
 
-    def remove(self, network: str, container_id: str, ifname: str) -> None:
+    def remove(self, network: str, container_id: str, ifname: str, sync: bool = True) -> None:
+        """Delete a record; with sync=False the caller calls sync() once after a batch of removals."""
         try:
             os.unlink(record_name(network, container_id, ifname), dir_fd=self.dfd)
-            os.fsync(self.dfd)
         except FileNotFoundError:
-            pass
+            return
+        if sync:
+            self.sync()
+
+    def sync(self) -> None:
+        os.fsync(self.dfd)
 
     def names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.dfd) if n.startswith(RECORD_PREFIX) and n.endswith(RECORD_SUFFIX))

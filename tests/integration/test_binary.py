@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import _binary_exe
+from sandbox import binary_exe
 
 
 def _hidden_python_dirs() -> list[str]:
@@ -27,7 +27,7 @@ def _hidden_python_dirs() -> list[str]:
 def test_bundle_runs_with_every_python_hidden_and_through_a_symlink(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root for a private mount namespace")
-    exe = _binary_exe()
+    exe = binary_exe()
     link = tmp_path / "bin" / "cni-reaper"
     link.parent.mkdir()
     link.symlink_to(exe)

@@ -40,24 +40,25 @@ def plant(sb: Sandbox, live_netns: str):
 def status_proc(sb: Sandbox):
     conf = json.dumps(sb.status_conf())
     env = {"CNI_COMMAND": "STATUS", "CNI_PATH": str(sb.plugin_dir)}
-    proc = sb.popen([str(sb.plugin_dir / "cni-reaper")], env=env)
+    proc = sb.popen([str(sb.plugin_dir / "cni-reaper")], env=env, quiet=True)
     proc.stdin.write(conf)
     proc.stdin.close()
     return proc
 
 
 def test_sigkill_during_a_sweep_then_one_more_call_finishes_it(tmp_path, flavour, driver_bin):
-    from conftest import _binary_exe, needs_root
+    from sandbox import binary_exe, needs_root
 
     needs_root()
-    exe = _binary_exe()  # the built binary: what runs (and gets killed) on a client
+    exe = binary_exe()  # the built binary: what runs (and gets killed) on a client
     rng = random.Random(f"crash-{flavour}")
     durations = []
     for trial in range(TRIALS):
         with Sandbox(tmp_path / str(trial), flavour, exe, driver_bin) as sb:
             live_ns = sb.container()
             live, dead = plant(sb, live_ns)
-            live_rules = {cid: sb.residue(NET, cid, [ip]) for cid, ip, _, _ in live}
+            before = sb.tables()
+            live_rules = {cid: sb.residue(NET, cid, [ip], before) for cid, ip, _, _ in live}
             proc = status_proc(sb)
             if trial == 0:  # measure one whole sweep to know where to aim the kills
                 t0 = time.monotonic()
@@ -69,10 +70,11 @@ def test_sigkill_during_a_sweep_then_one_more_call_finishes_it(tmp_path, flavour
                 proc.wait(timeout=60)
             rc, out, err = sb.status()  # one more invocation completes the clean-up
             assert rc == 0, (out, err)
+            tables = sb.tables()
             for cid, ip, _, _ in dead:
-                assert sb.residue(NET, cid, [ip]) == [], f"trial {trial}: {cid} left behind"
+                assert sb.residue(NET, cid, [ip], tables) == [], f"trial {trial}: {cid} left behind"
             for cid, ip, _, _ in live:
-                assert sb.residue(NET, cid, [ip]) == live_rules[cid], f"trial {trial}: live {cid} lost something"
+                assert sb.residue(NET, cid, [ip], tables) == live_rules[cid], f"trial {trial}: live {cid} lost something"
             names = sorted(p.name for p in sb.state_dir().iterdir())
             assert not [n for n in names if n.startswith(".tmp.") or n.endswith(".corrupt")], names
             records = [json.loads((sb.state_dir() / n).read_text()) for n in names if n.startswith("r-")]

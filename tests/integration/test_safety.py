@@ -47,11 +47,12 @@ def layout(sb: Sandbox, rng: random.Random, seed: int):
         f'-A POSTROUTING -s {victim[1]}/32 -m comment --comment "copy of name: \\"{NET}\\" id: \\"{victim[0]}\\"" -j MASQUERADE',
         f"-A POSTROUTING -s 10.{rng.randint(0, 255)}.0.0/16 -j MASQUERADE",
     ]
-    lookalikes_filter = [":DOCKER-USER - [0:0]", "-A DOCKER-USER -j RETURN", "-A FORWARD -j DOCKER-USER",
+    lookalikes_filter = ["-A DOCKER-USER -j RETURN", "-A FORWARD -j DOCKER-USER",
                          f"-A CNI-FORWARD -s {victim[1]}/32 -i eth9 -j ACCEPT"]
-    items = nat + lookalikes_nat
-    rng.shuffle(lookalikes_filter)
-    sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(items, filt + lookalikes_filter), check=True)
+    rng.shuffle(lookalikes_filter)  # the look-alike firewall rule lands before, between or after the real ones
+    filt.insert(rng.randint(0, len(filt)), lookalikes_filter.pop())
+    text = restore_text(nat + lookalikes_nat, [":DOCKER-USER - [0:0]"] + filt + lookalikes_filter)
+    sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=text, check=True)
     write_records(sb.state_dir(), NET, live + dead)
     write_reservations(sb.cni_dir / "networks", NET, [(c, ip) for c, ip, _, _ in live + dead] + [(c, ip) for c, ip, _ in orphans])
     return live, dead, orphans, live_ns

@@ -151,3 +151,28 @@ def test_tagged_ids_finds_unrecorded_attachments_and_ignores_lookalikes():
     found = tagged_ids(t, N)
     assert found == {X: {"172.26.64.2"}, Y: {"172.26.64.3"}}
     assert tagged_ids(t, "other") == {}
+
+
+def test_the_rule_tokenizer_agrees_with_shlex_on_saved_rules():
+    import shlex
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cni_reaper.netfilter.rules import split
+
+    # outside quotes iptables-save writes no whitespace but single spaces and no single quotes (shlex reads those as quotes)
+    words = st.text(st.characters(blacklist_characters='\' "\\\n\t\r\x0b\x0c', blacklist_categories=("Cs", "Zs", "Cc")),
+                    min_size=1, max_size=8)
+    comments = st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=20)
+
+    def quote(c: str) -> str:  # how iptables-save writes a comment
+        return '"' + c.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.lists(st.one_of(words, comments.map(quote)), min_size=1, max_size=8))
+    def check(parts):
+        spec = " ".join(parts)
+        assert split(spec) == shlex.split(spec)
+
+    check()

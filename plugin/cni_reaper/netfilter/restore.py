@@ -58,7 +58,10 @@ class SaveRestoreBackend:
         lines: list[str] = []
         for table, table_ops in by_table.items():
             lines.append(f"*{table}")
-            for op in sorted(table_ops, key=lambda o: o.kind == "chain"):
+            # rules before chains (a chain goes once nothing jumps to it); rules in chain order, so that
+            # iptables-nft finds each one at the head of what is left (in random order a large sweep is
+            # quadratic: 1.5 s instead of 0.4 s for 1,000 attachments here)
+            for op in sorted(table_ops, key=lambda o: (o.kind == "chain", o.chain, o.index)):
                 lines.extend(op.restore_lines())
             lines.append("COMMIT")
         argv = [self._tool(family, "restore"), "--noflush"]
