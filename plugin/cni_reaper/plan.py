@@ -45,7 +45,7 @@ class Target:
         return (self.network, self.container_id, self.ifname)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     kind: str  # "rule" (delete one rule) or "chain" (flush and delete a chain)
     table: str

@@ -152,6 +152,7 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_ru
             try:
                 tables = backend.read(family)
                 p = plan(tables, wanted, family, protected)
+                del tables  # the plan keeps what it needs; a backend may read the tables again to apply
                 if p.ops and not dry_run:
                     backend.apply(family, p.ops)
                 for op in p.ops:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a sweep of 1,000 attachments parses 11,000 of these
 class Rule:
     chain: str
     spec: str  # the saved rule after "-A CHAIN ", exactly as iptables-save printed it
