@@ -321,7 +321,7 @@ def print_report(r: dict) -> None:
     for name, ms in rows:
         print(f"  {name:<48} {ms:>8.1f}")
     print("  ratios: " + ", ".join(f"{k} {val}" for k, val in ratio.items()))
-    print(f"  peak RSS (MiB): " + ", ".join(f"{k} {kib / 1024:.1f}" for k, kib in v["peak_rss_kib"].items()))
+    print("  peak RSS (MiB): " + ", ".join(f"{k} {kib / 1024:.1f}" for k, kib in v["peak_rss_kib"].items()))
     print("\n== sweep of dead attachments (each: masquerade chain+jump, DNAT chain+2 jumps, 2 firewall rules, 1 reservation)")
     print(f"  {'flavour':<8} {'N':>5} {'rules':>6} {'seconds':>8} {'ms/att':>7} {'MiB':>5} {'per-rule way s':>15} {'speedup':>8}")
     for s in r["sweep"]:

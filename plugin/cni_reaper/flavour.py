@@ -7,7 +7,13 @@ xtables-legacy-multi, and the multi binary's name says which. `backend` in the c
 from __future__ import annotations
 
 import os
-# annotations only (never evaluated: `from __future__ import annotations`); typing costs ms to import
+
+TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
+if TYPE_CHECKING:
+    from typing import Literal, Mapping
+
+    Flavour = Literal["nft", "legacy"]
+
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BINARIES = {"nft": "iptables-nft", "legacy": "iptables-legacy"}
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import sys
-# annotations only (never evaluated: `from __future__ import annotations`); typing costs ms to import
+
+TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
+if TYPE_CHECKING:
+    from typing import IO, Any, Mapping
+
 from . import PLUGIN_NAME, __version__, log, names, versions
 from .errors import (
     DECODE_FAILURE,
     INCOMPATIBLE_VERSION,
     INTERNAL,
-    INVALID_CONFIG,
     INVALID_ENV,
     CniError,
 )

@@ -5,7 +5,6 @@ a later call finishes the job."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

@@ -176,3 +176,19 @@ def test_the_rule_tokenizer_agrees_with_shlex_on_saved_rules():
         assert split(spec) == shlex.split(spec)
 
     check()
+
+
+def test_a_held_xtables_lock_is_reported_as_such_by_the_restore_backend():
+    """iptables-legacy-restore -w exits 4 when the lock stays held: the sweep then stops retrying for now."""
+    import pytest
+
+    from cni_reaper.netfilter.backend import BackendError, LockHeld
+    from cni_reaper.netfilter.restore import SaveRestoreBackend
+
+    backend = SaveRestoreBackend("legacy")
+    held = ["/bin/sh", "-c", "echo 'Another app is currently holding the xtables lock.' >&2; exit 4"]
+    with pytest.raises(LockHeld):
+        backend._run(held)
+    with pytest.raises(BackendError) as failed:
+        backend._run(["/bin/sh", "-c", "echo 'line 2 failed' >&2; exit 1"])
+    assert not isinstance(failed.value, LockHeld) and "line 2 failed" in str(failed.value)

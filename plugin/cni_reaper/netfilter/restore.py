@@ -11,7 +11,7 @@ import subprocess
 
 from .. import flavour as flavours
 from ..plan import Op
-from .backend import BackendError
+from .backend import BackendError, LockHeld
 from .rules import Table, parse_save
 
 TABLES = ("nat", "filter")
