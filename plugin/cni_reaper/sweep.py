@@ -56,7 +56,8 @@ def sweep_quietly(store, conf, exclude: frozenset = frozenset(), extra: list | N
         for r in done:
             store.remove(*key(r))
         if done:
-            records = [r for r in records if not any(r is d for d in done)]
+            gone = {id(d) for d in done}
+            records = [r for r in records if id(r) not in gone]
             log.info("records of finished DELs dropped", count=len(done))
         if not extra and not stale(records, states, exclude):
             return None
