@@ -39,10 +39,6 @@ class Outcome:
     backend: str = ""
     dry_run: bool = False
 
-    @property
-    def count(self) -> int:
-        return sum(len(v) for v in self.removed.values())
-
     def note(self, key, what: str) -> None:
         self.removed.setdefault(key, []).append(what)
 

@@ -111,25 +111,18 @@ def prev_results(draw):
     raw = prev_result(draw(st.sampled_from(["0.4.0", "1.0.0"])), address=draw(st.sampled_from(["172.26.64.2/20", "fd00::2/64"])))
     raw["ips"].append({"address": draw(cidrs) if draw(st.booleans()) else "10.1.2.3/24", "interface": 2})
     for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2, 3]))):
-        where = draw(st.sampled_from(["ip", "iface", "top"]))
-        if where == "ip" and isinstance(raw.get("ips"), list) and raw["ips"]:
-            entry = raw["ips"][draw(st.integers(0, len(raw["ips"]) - 1))]
-            if not isinstance(entry, dict):
+        where = draw(st.sampled_from(["ips", "interfaces", "top"]))
+        items = raw.get(where)
+        if where != "top" and isinstance(items, list) and items:
+            item = items[draw(st.integers(0, len(items) - 1))]
+            values = ENTRY_VALUES if where == "ips" else IFACE_VALUES
+            if not isinstance(item, dict):
                 continue
-            field = draw(st.sampled_from(sorted(ENTRY_VALUES)))
+            field = draw(st.sampled_from(sorted(values)))
             if draw(st.booleans()):
-                entry.pop(field, None)
+                item.pop(field, None)
             else:
-                entry[field] = draw(ENTRY_VALUES[field])
-        elif where == "iface" and isinstance(raw.get("interfaces"), list) and raw["interfaces"]:
-            iface = raw["interfaces"][draw(st.integers(0, len(raw["interfaces"]) - 1))]
-            if not isinstance(iface, dict):
-                continue
-            field = draw(st.sampled_from(sorted(IFACE_VALUES)))
-            if draw(st.booleans()):
-                iface.pop(field, None)
-            else:
-                iface[field] = draw(IFACE_VALUES[field])
+                item[field] = draw(values[field])
         else:
             raw[draw(st.sampled_from(["ips", "interfaces", "cniVersion"]))] = draw(junk)
     return raw
