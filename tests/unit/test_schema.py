@@ -187,9 +187,15 @@ def test_config_mirror_agrees_on_the_boundaries():
 
 
 def test_prev_result_mirror_agrees_on_the_boundaries():
-    for address in ("10.0.0.1/32", "10.0.0.1/33", "10.0.0.1/024", "10.0.0.1/0024", "fd00::1/128", "fd00::1/129",
-                    "fd00::1/0", "10.0.0.1/", "/24", "10.0.0.1/24/1", "::ffff:10.0.0.1/96"):
-        raw = {"ips": [{"address": address}]}
+    entries = [{"address": a} for a in ("10.0.0.1/32", "10.0.0.1/33", "10.0.0.1/024", "10.0.0.1/0024", "fd00::1/128",
+                                         "fd00::1/129", "fd00::1/0", "10.0.0.1/", "/24", "10.0.0.1/24/1", "::ffff:10.0.0.1/96")]
+    entries += [{"address": "10.0.0.1/24", "version": v} for v in ("4", "6", "5", 4)]
+    entries += [{"address": "fd00::1/64", "version": v} for v in ("6", "4")]
+    entries += [{"address": "10.0.0.1/24", "gateway": g} for g in ("10.0.0.254", "fd00::1", "10.0.0.256", "", None)]
+    entries += [{"address": "10.0.0.1/24", "interface": i} for i in (0, 1, -1, True, "0")]
+    for entry in entries:
+        address = entry
+        raw = {"interfaces": [{"name": "eth0"}], "ips": [entry]}
         try:
             fast = result.recorded_ips(raw)
         except CniError:
