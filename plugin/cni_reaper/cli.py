@@ -131,15 +131,11 @@ def cache_entry_alive(path: str) -> bool:
 
 def orphan_targets(conf, records, only_network: str | None):
     """Containers with tagged rules for some network, with no record and no libcni cache entry."""
-    from .netfilter.backend import select
-    from .plan import Target, tagged_networks
+    from .plan import Target
+    from .reconcile import tagged_in_tables
 
-    backend = select(conf.backend)
     recorded = {(r["network"], r["containerID"]) for r in records}
-    found: dict[tuple[str, str], set[str]] = {}
-    for family in (4, 6):
-        for key, ips in tagged_networks(backend.read(family)).items():
-            found.setdefault(key, set()).update(ips)
+    found = tagged_in_tables(conf.backend)
     results = os.path.join(conf.cniCacheDir, "results")
     try:
         cached = os.listdir(results)

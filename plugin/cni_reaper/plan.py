@@ -194,12 +194,6 @@ def plan(tables: dict[str, Table], targets: list[Target], family: int,
     return b.finish()
 
 
-def tagged_ids(tables: dict[str, Table], network: str) -> dict[str, set[str]]:
-    """Container IDs that have rules tagged for `network` in these tables, with the source IPs of their
-    masquerade jumps (used by GC to find attachments cni-reaper never recorded)."""
-    return {cid: ips for (net, cid), ips in tagged_networks(tables).items() if net == network}
-
-
 def tagged_networks(tables: dict[str, Table]) -> dict[tuple[str, str], set[str]]:
     """(network, container ID) of every rule tagged the way bridge and portmap tag theirs and jumping to the
     chain they would make for that pair, with the source IPs of the masquerade jumps."""

@@ -163,10 +163,10 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_ru
             except BackendError as exc:  # a concurrent writer changed the table: re-read and retry
                 last_error = exc
         if last_error is not None:
-            _apply_one_by_one(backend, family, wanted, protected, outcome, last_error)
+            _apply_one_by_one(backend, family, wanted, protected, outcome)
 
 
-def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome, first_error) -> None:
+def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome) -> None:
     """The transaction kept failing: apply each operation alone so that one stubborn rule does not keep the
     rest. Whatever fails is logged and the owner's record is kept for a later retry."""
     from .netfilter.backend import BackendError
@@ -187,6 +187,20 @@ def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome, fir
             outcome.errors.append(f"ipv{family} {op.table} {op.chain} ({op.what}): {exc}")
             outcome.failed.add(owner)
     outcome.skipped += p.skipped
+
+
+def tagged_in_tables(backend_name: str) -> dict[tuple[str, str], set[str]]:
+    """(network, container ID) of every attachment tagged in the nat tables of both families, with the source
+    IPs of its masquerade jumps: how GC and `sweep --orphans` find what cni-reaper never recorded."""
+    from .netfilter.backend import select
+    from .plan import tagged_networks
+
+    backend = select(backend_name)
+    found: dict[tuple[str, str], set[str]] = {}
+    for family in (4, 6):
+        for owner, addresses in tagged_networks(backend.read(family)).items():
+            found.setdefault(owner, set()).update(addresses)
+    return found
 
 
 # -- sweeps ------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cni_reaper.netfilter import chains
 from cni_reaper.netfilter.rules import parse_rule, parse_save
-from cni_reaper.plan import Target, plan, tagged_ids
+from cni_reaper.plan import Target, plan, tagged_networks
 
 N, X, Y = "nomad", "3e803d29-4f9d-ad8b-adb6-31456a39db69", "9b1c5a77-0d2e-4c1f-8a3b-6f2e1d0c9a88"
 
@@ -146,11 +146,10 @@ def test_ipv6_firewall_rules_use_128():
     assert len(p.ops) == 2 and all("fd00::2/128" in o.spec for o in p.ops)
 
 
-def test_tagged_ids_finds_unrecorded_attachments_and_ignores_lookalikes():
+def test_tagged_networks_finds_unrecorded_attachments_and_ignores_lookalikes():
     t = tables(f'-A POSTROUTING -s 172.26.64.7/32 -m comment --comment "name: \\"{N}\\" id: \\"fake\\"" -j MASQUERADE')
-    found = tagged_ids(t, N)
-    assert found == {X: {"172.26.64.2"}, Y: {"172.26.64.3"}}
-    assert tagged_ids(t, "other") == {}
+    found = tagged_networks(t)
+    assert found == {(N, X): {"172.26.64.2"}, (N, Y): {"172.26.64.3"}}
 
 
 def test_the_rule_tokenizer_agrees_with_shlex_on_saved_rules():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .. import log, names
 from ..errors import INVALID_CONFIG, CniError
 from ..hostlocal import locked_networks
-from ..plan import Target, tagged_ids
+from ..plan import Target
 from ..reconcile import clean, targets_for
 from ..record import key
 from ..store import Store
@@ -38,14 +38,12 @@ def valid_attachments(raw: dict) -> set[tuple[str, str]]:
 
 def orphan_targets(conf, valid_ids: set[str], recorded_ids: set[str]) -> list[Target]:
     """Containers with rules tagged for this network, neither valid nor recorded."""
-    from ..netfilter.backend import BackendError, select
+    from ..netfilter.backend import BackendError
+    from ..reconcile import tagged_in_tables
 
     found: dict[str, set[str]] = {}
     try:
-        backend = select(conf.backend)
-        for family in (4, 6):
-            for cid, ips in tagged_ids(backend.read(family), conf.name).items():
-                found.setdefault(cid, set()).update(ips)
+        found = {cid: ips for (net, cid), ips in tagged_in_tables(conf.backend).items() if net == conf.name}
     except BackendError as exc:
         log.warn("GC could not read the tables; orphans not searched", error=str(exc))
     return [Target(conf.name, cid, "", frozenset(ips), whole=True, any_source=True,
