@@ -1,7 +1,10 @@
-"""Which iptables flavour the host uses: the one the other plugins will use, i.e. the `iptables` on PATH.
+"""Which iptables flavour each family uses: the one the other plugins will use, i.e. the `iptables` (IPv4)
+and the `ip6tables` (IPv6) on PATH. Debian keeps the two as separate alternatives, so a host may run IPv4 on
+legacy and IPv6 on nft; the reference plugins exec each tool from PATH and follow it.
 
-Resolved without running anything: Debian's alternatives point `iptables` at xtables-nft-multi or
-xtables-legacy-multi, and the multi binary's name says which. `backend` in the config overrides this.
+Resolved without running anything: the alternatives point each tool at xtables-nft-multi or
+xtables-legacy-multi, and the multi binary's name says which. `backend` in the config overrides this for
+both families.
 """
 
 from __future__ import annotations
@@ -44,16 +47,21 @@ def classify(binary: str) -> Flavour | None:
     return None
 
 
-def detect(backend: str = "auto", env: Mapping[str, str] | None = None) -> tuple[Flavour | None, str]:
-    """(flavour, explanation). flavour is None when no usable iptables was found."""
+def tool(family: int) -> str:
+    return "ip6tables" if family == 6 else "iptables"
+
+
+def detect(backend: str = "auto", env: Mapping[str, str] | None = None, family: int = 4) -> tuple[Flavour | None, str]:
+    """(flavour, explanation) for one family. flavour is None when no usable iptables was found."""
     if backend in BINARIES:
-        found = which(BINARIES[backend], env)
+        binary = BINARIES[backend].replace("iptables", tool(family))
+        found = which(binary, env)
         if found:
             return backend, f"backend {backend} set in config ({found})"  # type: ignore[return-value]
-        return None, f"backend {backend} set in config but {BINARIES[backend]} is not on PATH"
-    found = which("iptables", env)
+        return None, f"backend {backend} set in config but {binary} is not on PATH"
+    found = which(tool(family), env)
     if not found:
-        return None, "no iptables on PATH (install the iptables package)"
+        return None, f"no {tool(family)} on PATH (install the iptables package)"
     flavour = classify(found)
     if flavour is None:
         # An iptables that is neither multi binary: an old legacy-only build.

@@ -27,3 +27,15 @@ def parse_cidr(text: object) -> tuple[int, str, int]:
     if not (prefix.isascii() and prefix.isdigit()) or len(prefix) > 3 or int(prefix) > (32 if family == 4 else 128):
         raise ValueError(f"{text!r} has an invalid prefix length")
     return family, canonical, int(prefix)
+
+
+def parse_go_cidr(text: str) -> tuple[int, str, int]:
+    """parse_cidr as Go's net.ParseCIDR reads a prefix: any number of ASCII digits, leading zeros allowed."""
+    addr, sep, prefix = text.partition("/")
+    if not sep or not prefix or not (prefix.isascii() and prefix.isdigit()):
+        raise ValueError(f"{text!r} is not in CIDR notation (address/prefix)")
+    family, canonical = parse_ip(addr)
+    stripped = prefix.lstrip("0") or "0"
+    if len(stripped) > 3 or int(stripped) > (32 if family == 4 else 128):
+        raise ValueError(f"{text!r} has an invalid prefix length")
+    return family, canonical, int(stripped)

@@ -12,30 +12,46 @@ from __future__ import annotations
 
 import ipaddress
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator,
+                      model_validator)
 
-from .conf import DEFAULT_CNI_CACHE_DIR, DEFAULT_IPAM_DATA_DIR, DEFAULT_LOG_FILE, DEFAULT_STATE_DIR
+from .conf import (BACKENDS, DEFAULT_CNI_CACHE_DIR, DEFAULT_IPAM_DATA_DIR, DEFAULT_LOCK_TIMEOUT, DEFAULT_LOG_FILE,
+                   DEFAULT_STATE_DIR, MAX_LOCK_TIMEOUT, MAX_PATH, PORT_FIELDS, RUNTIME_FIELDS, TOP_FIELDS,
+                   TOP_RESETTABLE)
+from .gojson import pick
+from .result import IFACE_FIELDS, IP_FIELDS, IP_RESETTABLE, OLD_IP_FIELDS, OLD_VERSIONS, RESULT_FIELDS, RESULT_RESETTABLE
 
 RECORD_SCHEMA = 1
 MAX_EARLIER_INCARNATIONS = 16
+# These models run on Python 3.9 too (the release is built on Debian 11): typing's Optional/List, not `X | None`.
 
 
 def _absolute_path(value: str, key: str) -> str:
-    if not value.startswith("/") or "\0" in value or len(value) > 1024:
+    if not value.startswith("/") or "\0" in value or len(value) > MAX_PATH:
         raise ValueError(f"{key} must be an absolute path")
     return value
 
 
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def _ip(text: str) -> Union[ipaddress.IPv4Address, ipaddress.IPv6Address]:
     if "%" in text:
         raise ValueError(f"{text!r}: scoped addresses are not used in CNI results")
     return ipaddress.ip_address(text)
 
 
+def _go_object(names: tuple, resettable: tuple = ()):
+    """A before-validator: the object's keys decoded as Go's encoding/json decodes them into a struct."""
+
+    def decode(cls, v: Any) -> Any:
+        return pick(v, names, resettable) if isinstance(v, dict) else v
+
+    return model_validator(mode="before")(classmethod(decode))
+
+
 class PortMapping(BaseModel):
-    """One entry of runtimeConfig.portMappings (the portMappings capability)."""
+    """One entry of runtimeConfig.portMappings (the portMappings capability), usable as a port mapping.
+    go-cni (containerd, Nomad) sends untagged struct fields ("HostPort", ...): keys match in any case."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -44,20 +60,12 @@ class PortMapping(BaseModel):
     protocol: Literal["tcp", "udp", "sctp"] = "tcp"
     hostIP: str = ""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _go_keys(cls, v: Any) -> Any:
-        """Go decodes JSON keys case-insensitively, and go-cni (containerd, Nomad) sends untagged struct
-        fields: {"HostPort": 8080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}. Accept both."""
-        if isinstance(v, dict):
-            canon = {k.lower(): k for k in ("hostPort", "containerPort", "protocol", "hostIP")}
-            return {canon.get(k.lower(), k) if isinstance(k, str) else k: val for k, val in v.items()}
-        return v
+    _keys = _go_object(PORT_FIELDS)
 
     @field_validator("protocol", mode="before")
     @classmethod
     def _lower(cls, v: Any) -> Any:
-        return v.lower() if isinstance(v, str) else v
+        return (v.lower() or "tcp") if isinstance(v, str) else v
 
     @field_validator("hostIP")
     @classmethod
@@ -67,29 +75,68 @@ class PortMapping(BaseModel):
         return v
 
 
+def _usable_entries(v: Any, handler: ValidatorFunctionWrapHandler) -> List[PortMapping]:
+    """portMappings keeps the entries that are port mappings; anything else is skipped (conf.port_mappings)."""
+    if not isinstance(v, list):
+        return []
+    out = []
+    for entry in v[:65535]:
+        if entry is None:
+            continue
+        try:
+            out.append(PortMapping.model_validate(entry))
+        except ValidationError:
+            continue
+    return out
+
+
 class RuntimeConfig(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    portMappings: list[PortMapping] = Field(default_factory=list, max_length=65535)
+    portMappings: List[PortMapping] = Field(default_factory=list)
+
+    _keys = _go_object(RUNTIME_FIELDS, RUNTIME_FIELDS)
+
+    @field_validator("portMappings", mode="wrap")
+    @classmethod
+    def _entries(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> List[PortMapping]:
+        return _usable_entries(v, handler)
+
+
+def _fallback(default: Any):
+    """A wrap validator: a value of one of cni-reaper's own keys that is not usable gives the default."""
+
+    def wrap(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(v)
+        except (ValidationError, ValueError):
+            return default
+
+    return classmethod(wrap)
 
 
 class PluginConf(BaseModel):
-    """The configuration a runtime hands this plugin on stdin (one entry of the conflist, completed by libcni)."""
+    """The configuration a runtime hands this plugin on stdin (one entry of the conflist, completed by libcni).
+    Keys are decoded as Go decodes them; cni-reaper's own keys fall back to their defaults when unusable,
+    except `name` and `stateDir` (see conf.py)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    cniVersion: str | None = None
-    cniVersions: list[str] | None = None
-    name: str
+    cniVersion: Optional[str] = None
+    cniVersions: Optional[List[str]] = None
+    name: str = Field(min_length=1)
     type: str = ""
     stateDir: str = DEFAULT_STATE_DIR
     ipamDataDir: str = DEFAULT_IPAM_DATA_DIR
     cniCacheDir: str = DEFAULT_CNI_CACHE_DIR
     backend: Literal["auto", "nft", "legacy"] = "auto"
-    lockTimeout: float = Field(default=10.0, gt=0, le=300, allow_inf_nan=False)
+    lockTimeout: float = Field(default=DEFAULT_LOCK_TIMEOUT, ge=0, le=MAX_LOCK_TIMEOUT, allow_inf_nan=False)
     logFile: str = DEFAULT_LOG_FILE
-    prevResult: dict[str, Any] | None = None
+    prevResult: Optional[Dict[str, Any]] = None
     runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    capabilities: Optional[Dict[str, Any]] = None
+
+    _keys = _go_object(TOP_FIELDS, TOP_RESETTABLE)
 
     @field_validator("stateDir", "ipamDataDir", "cniCacheDir")
     @classmethod
@@ -101,55 +148,136 @@ class PluginConf(BaseModel):
     def _log_path(cls, v: str) -> str:
         return _absolute_path(v, "logFile") if v else v
 
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_case(cls, v: Any) -> Any:
+        return (v.lower() or "auto") if isinstance(v, str) else v
 
-class ResultIP(BaseModel):
-    """An entry of a result's `ips`: 0.3.x/0.4.0 carry `version`, 1.x do not."""
+    @field_validator("lockTimeout")
+    @classmethod
+    def _zero_is_default(cls, v: float) -> float:
+        return v or DEFAULT_LOCK_TIMEOUT
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    # defined last, so that each wraps every other validator of its field
+    _type = field_validator("type", mode="wrap")(_fallback(""))
+    _version = field_validator("cniVersion", mode="wrap")(_fallback(None))
+    _versions = field_validator("cniVersions", mode="wrap")(_fallback(None))
+    _ipam = field_validator("ipamDataDir", mode="wrap")(_fallback(DEFAULT_IPAM_DATA_DIR))
+    _cache = field_validator("cniCacheDir", mode="wrap")(_fallback(DEFAULT_CNI_CACHE_DIR))
+    _log = field_validator("logFile", mode="wrap")(_fallback(DEFAULT_LOG_FILE))
+    _backend = field_validator("backend", mode="wrap")(_fallback("auto"))
+    _timeout = field_validator("lockTimeout", mode="wrap")(_fallback(DEFAULT_LOCK_TIMEOUT))
+    _runtime = field_validator("runtimeConfig", mode="wrap")(_fallback(RuntimeConfig()))
+    _caps = field_validator("capabilities", mode="wrap")(_fallback(None))
 
-    address: str
-    version: Literal["4", "6"] | None = None
-    gateway: str | None = None
-    interface: int | None = Field(default=None, ge=0)
+    @property
+    def portMappingsDeclared(self) -> bool:
+        return isinstance(self.capabilities, dict) and self.capabilities.get("portMappings") is True
 
-    @model_validator(mode="after")
-    def _check(self) -> "ResultIP":
-        if "/" not in self.address:
-            raise ValueError(f"address {self.address!r} must be in CIDR notation")
-        addr, _, prefix = self.address.partition("/")
-        ip = _ip(addr)
-        if not (prefix.isascii() and prefix.isdigit()) or len(prefix) > 3 or int(prefix) > ip.max_prefixlen:
-            raise ValueError(f"address {self.address!r} has an invalid prefix length")
-        if self.version is not None and self.version != str(ip.version):
-            raise ValueError(f"address {self.address} is not IPv{self.version}")
-        if self.gateway:
-            _ip(self.gateway)
-        return self
+
+def _go_cidr(text: str) -> Union[ipaddress.IPv4Interface, ipaddress.IPv6Interface]:
+    """What Go's net.ParseCIDR accepts: an address without zone, "/", a prefix of ASCII digits (leading zeros
+    allowed) no longer than the address."""
+    addr, sep, prefix = text.partition("/")
+    if not sep or not prefix.isascii() or not prefix.isdigit():
+        raise ValueError(f"address {text!r} must be in CIDR notation")
+    ip = _ip(addr)
+    if int(prefix) > ip.max_prefixlen:
+        raise ValueError(f"address {text!r} has an invalid prefix length")
+    return ipaddress.ip_interface(f"{ip}/{int(prefix)}")
+
+
+class _IPConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    gateway: Optional[str] = None
+
+    @field_validator("gateway")
+    @classmethod
+    def _gateway(cls, v: Optional[str]) -> Optional[str]:
+        if v:
+            _ip(v)
+        return v
+
+
+class ResultIP(_IPConfig):
+    """An entry of a result's `ips` (0.3.0 and later): 0.3.x/0.4.0 carry `version`, 1.x do not."""
+
+    address: Optional[str] = None
+    version: Optional[str] = None
+    interface: Optional[int] = None
+
+    _keys = _go_object(IP_FIELDS, IP_RESETTABLE)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            _go_cidr(v)
+        return v
+
+
+class OldIPConfig(_IPConfig):
+    """`ip4` / `ip6` of a 0.1.0 or 0.2.0 result."""
+
+    ip: Optional[str] = None
+
+    _keys = _go_object(OLD_IP_FIELDS)
+
+    @field_validator("ip")
+    @classmethod
+    def _address(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            _go_cidr(v)
+        return v
 
 
 class ResultInterface(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    name: str
+    name: str = ""
     mac: str = ""
     sandbox: str = ""
+    mtu: int = 0
+    socketPath: str = ""
+    pciID: str = ""
+
+    _keys = _go_object(IFACE_FIELDS)
 
 
 class PrevResult(BaseModel):
-    """The parts of a CNI result (0.3.0 to 1.1.0) this plugin reads; everything else is passed through untouched."""
+    """The parts of a CNI result (0.1.0 to 1.1.0) this plugin reads; everything else is passed through untouched.
+    Which parts are read depends on the result's version: `ip4`/`ip6` up to 0.2.0, `ips` from 0.3.0."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    cniVersion: str | None = None
-    interfaces: list[ResultInterface] = Field(default_factory=list)
-    ips: list[ResultIP] = Field(default_factory=list)
+    cniVersion: Optional[str] = None
+    interfaces: Optional[List[Optional[ResultInterface]]] = None
+    ips: Optional[List[Optional[ResultIP]]] = None
+    ip4: Optional[OldIPConfig] = None
+    ip6: Optional[OldIPConfig] = None
 
-    @model_validator(mode="after")
-    def _indices(self) -> "PrevResult":
-        for ip in self.ips:
-            if ip.interface is not None and ip.interface >= len(self.interfaces):
-                raise ValueError(f"ips entry {ip.address} names interface {ip.interface}, which does not exist")
-        return self
+    _keys = _go_object(RESULT_FIELDS, RESULT_RESETTABLE)
+
+    @classmethod
+    def parse(cls, raw: Dict[str, Any], config_version: str) -> "PrevResult":
+        """Validate the parts that the result's version (or, when it names none, the config's) says are read."""
+        decoded = pick(raw, RESULT_FIELDS, RESULT_RESETTABLE)
+        version = decoded.get("cniVersion") or config_version
+        old = isinstance(version, str) and version in OLD_VERSIONS
+        drop = ("interfaces", "ips") if old else ("ip4", "ip6")
+        return cls.model_validate({k: v for k, v in decoded.items() if k not in drop})
+
+    def addresses(self) -> List[Union[ipaddress.IPv4Interface, ipaddress.IPv6Interface]]:
+        out = []
+        configs = [self.ip4, self.ip6] if self.ips is None else self.ips
+        for c in configs:
+            text = getattr(c, "address", None) if isinstance(c, ResultIP) else getattr(c, "ip", None)
+            if text is not None:
+                iface = _go_cidr(text)
+                if iface not in out:
+                    out.append(iface)
+        return out
 
 
 class NetnsId(BaseModel):
@@ -175,9 +303,9 @@ class Incarnation(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     netns: str
-    netnsId: NetnsId | None = None
-    ips: list[RecordedIP] = Field(default_factory=list)
-    portMappings: list[PortMapping] = Field(default_factory=list)
+    netnsId: Optional[NetnsId] = None
+    ips: List[RecordedIP] = Field(default_factory=list)
+    portMappings: List[PortMapping] = Field(default_factory=list)
     createdAt: datetime
 
 
@@ -203,7 +331,7 @@ class Record(BaseModel):
     containerID: str
     ifname: str
     current: Incarnation
-    earlier: list[Incarnation] = Field(default_factory=list, max_length=MAX_EARLIER_INCARNATIONS)
-    cniArgs: dict[str, str] = Field(default_factory=dict)
+    earlier: List[Incarnation] = Field(default_factory=list, max_length=MAX_EARLIER_INCARNATIONS)
+    cniArgs: Dict[str, str] = Field(default_factory=dict)
     pluginVersion: str
-    deleted: Tombstone | None = None
+    deleted: Optional[Tombstone] = None

@@ -36,8 +36,16 @@ class Outcome:
     failed: set[tuple[str, str, str]] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    backend: str = ""
+    backends: dict[int, str] = field(default_factory=dict)  # family -> backend name
     dry_run: bool = False
+
+    @property
+    def backend(self) -> str:
+        """The backend used, or one per family when they differ: "ipv4: python-iptables, ipv6: ..."."""
+        names = set(self.backends.values())
+        if len(names) <= 1:
+            return names.pop() if names else ""
+        return ", ".join(f"ipv{f}: {n}" for f, n in sorted(self.backends.items()))
 
     def note(self, key, what: str) -> None:
         self.removed.setdefault(key, []).append(what)
@@ -67,7 +75,7 @@ def _protected(targets: list[Target], live_records, dirs: dict[str, NetworkDir],
     return out
 
 
-def clean(targets: list[Target], live_records, conf, backend=None, tombstoned_keys=frozenset(),
+def clean(targets: list[Target], live_records, conf, backend_for=None, tombstoned_keys=frozenset(),
           dry_run: bool = False) -> Outcome:
     """Remove what `targets` left behind, in both families, and their reservations. Never raises for a
     netfilter failure: failures are logged and reported in the outcome (the record stays for a retry).
@@ -91,7 +99,7 @@ def clean(targets: list[Target], live_records, conf, backend=None, tombstoned_ke
                 all_dirs[n] = NetworkDir(conf.ipamDataDir, n)
             try:
                 protected = _protected(targets, live_records, all_dirs, fresh_owner_ok)
-                _clean_netfilter(targets, protected, conf, backend, outcome, dry_run)
+                _clean_netfilter(targets, protected, conf, backend_for, outcome, dry_run)
                 for t in targets:
                     # after a finished DEL host-local has released X's addresses: any naming X now are a newer life's
                     if "reservation" not in t.parts or t.key in tombstoned_keys:
@@ -128,21 +136,25 @@ def _families(targets: list[Target]) -> list[int]:
     return sorted(fams)
 
 
-def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_run: bool = False) -> None:
+def _clean_netfilter(targets, protected, conf, backend_for, outcome: Outcome, dry_run: bool = False) -> None:
+    """Each family on its own backend: the flavour of its own tool (iptables, ip6tables), as the plugins
+    that made the rules chose it."""
     from .netfilter.backend import BackendError, LockHeld, select
 
     wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
     if not wanted:
         return
-    try:
-        backend = backend or select(conf.backend)
-        outcome.backend = backend.name
-    except BackendError as exc:
-        outcome.errors.append(str(exc))
-        outcome.failed |= {t.key for t in wanted}
-        return
     owners = {(t.network, t.container_id): t.key for t in wanted}
+    known = {6 if ":" in ip else 4 for t in wanted for ip in t.dead_ips}
     for family in _families(wanted):
+        try:
+            backend = backend_for(family) if backend_for else select(conf.backend, family)
+        except BackendError as exc:
+            if family in known:  # rules of this family exist (a dead IP of it), and nothing can read them
+                outcome.errors.append(f"ipv{family}: {exc}")
+                outcome.failed |= {t.key for t in wanted}
+            continue  # otherwise: no tool, so no plugin made rules in this family
+        outcome.backends[family] = backend.name
         last_error = None
         for _attempt in range(APPLY_ATTEMPTS):
             try:
@@ -159,7 +171,8 @@ def _clean_netfilter(targets, protected, conf, backend, outcome: Outcome, dry_ru
             except LockHeld as exc:  # someone holds the tables: no point in retrying now; a later call will
                 outcome.errors.append(f"ipv{family}: {exc}")
                 outcome.failed |= {t.key for t in wanted}
-                return
+                last_error = None
+                break
             except BackendError as exc:  # a concurrent writer changed the table: re-read and retry
                 last_error = exc
         if last_error is not None:
@@ -192,12 +205,17 @@ def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome) -> 
 def tagged_in_tables(backend_name: str) -> dict[tuple[str, str], set[str]]:
     """(network, container ID) of every attachment tagged in the nat tables of both families, with the source
     IPs of its masquerade jumps: how GC and `sweep --orphans` find what cni-reaper never recorded."""
-    from .netfilter.backend import select
+    from .netfilter.backend import BackendError, select
     from .plan import tagged_networks
 
-    backend = select(backend_name)
     found: dict[tuple[str, str], set[str]] = {}
     for family in (4, 6):
+        try:
+            backend = select(backend_name, family)
+        except BackendError:
+            if family == 4:
+                raise
+            continue  # no ip6tables: no IPv6 rules
         for owner, addresses in tagged_networks(backend.read(family)).items():
             found.setdefault(owner, set()).update(addresses)
     return found

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from typing import IO, Any, Mapping
 
 from . import PLUGIN_NAME, __version__, log, names, versions
+from .conf import TOP_FIELDS, TOP_RESETTABLE
+from .gojson import pick
 from .errors import (
     DECODE_FAILURE,
     INCOMPATIBLE_VERSION,
@@ -42,12 +44,11 @@ def about() -> str:
 class Invocation:
     """One validated CNI call (a plain class: `dataclasses` alone costs milliseconds to import)."""
 
-    def __init__(self, command: str, version: str, conf: Any, raw: dict[str, Any], path: str = "") -> None:
+    def __init__(self, command: str, version: str, conf: Any, raw: dict[str, Any]) -> None:
         self.command = command
         self.version = version
         self.conf = conf  # conf.Conf
         self.raw = raw
-        self.path = path
         self.container_id = ""
         self.netns = ""
         self.ifname = ""
@@ -79,16 +80,17 @@ def _read_config(stdin: IO[bytes]) -> dict[str, Any]:
     return conf
 
 
-def _parse_conf(raw: dict[str, Any]):
+def _parse_conf(raw: dict[str, Any], top: dict[str, Any], command: str):
     from .conf import parse
 
-    return parse(raw)
+    return parse(raw, top, lenient=command == "DEL")
 
 
 def build_invocation(env: Mapping[str, str], stdin: IO[bytes], seen: dict[str, Any] | None = None) -> Invocation:
     raw = _read_config(stdin)
+    top = pick(raw, TOP_FIELDS, TOP_RESETTABLE)
     if seen is not None:
-        seen.update(raw=raw)
+        seen.update(top=top)
     command = env.get("CNI_COMMAND", "")
     if command not in VERBS:
         raise CniError(INVALID_ENV, f"unknown CNI_COMMAND: {command[:32]!r}", f"expected one of {', '.join(VERBS)}")
@@ -99,13 +101,13 @@ def build_invocation(env: Mapping[str, str], stdin: IO[bytes], seen: dict[str, A
             names.container_id("")
         raise CniError(INVALID_ENV, f"required environment variables missing: {', '.join(missing)}",
                        "a CNI runtime sets these; when calling by hand, set them all")
-    version = versions.negotiate(raw)
+    version = versions.negotiate(top.get("cniVersion"), top.get("cniVersions"))
     minimum = MIN_VERSION.get(command)
     if minimum and not versions.at_least(version, minimum):
         raise CniError(INCOMPATIBLE_VERSION, f"config version does not allow {command}",
                        f"{command} needs cniVersion {minimum} or later; the config says {version}")
-    names.network_name(raw.get("name"))
-    inv = Invocation(command=command, version=version, conf=None, raw=raw, path=env.get("CNI_PATH", ""))
+    names.network_name(top.get("name"))
+    inv = Invocation(command=command, version=version, conf=None, raw=raw)
     if command in ("ADD", "DEL", "CHECK"):
         inv.container_id = names.container_id(env.get("CNI_CONTAINERID"))
         inv.ifname = names.ifname(env.get("CNI_IFNAME"))
@@ -113,12 +115,12 @@ def build_invocation(env: Mapping[str, str], stdin: IO[bytes], seen: dict[str, A
         if "\0" in inv.netns or len(inv.netns) > 4096:
             raise CniError(INVALID_ENV, "invalid CNI_NETNS", "expected a path to a network namespace")
         inv.args = parse_cni_args(env.get("CNI_ARGS", ""))
-    inv.conf = _parse_conf(raw)
+    inv.conf = _parse_conf(raw, top, command)
     return inv
 
 
-def _error_version(raw: dict[str, Any] | None) -> str:
-    wanted = (raw or {}).get("cniVersion")
+def _error_version(top: dict[str, Any] | None) -> str:
+    wanted = (top or {}).get("cniVersion")
     if isinstance(wanted, str) and wanted in versions.SUPPORTED:
         return wanted
     return versions.LATEST
@@ -134,7 +136,9 @@ def run(env: Mapping[str, str], stdin: IO[bytes], stdout: IO[str]) -> int:
     try:
         inv = build_invocation(env, stdin, seen)
         log.configure(inv.conf.logFile)
-        log.bind(verb=inv.command, network=inv.raw.get("name", ""), containerID=inv.container_id)
+        log.bind(verb=inv.command, network=inv.conf.name, containerID=inv.container_id)
+        for warning in inv.conf.warnings:
+            log.warn("configuration not usable as given; carrying on", problem=warning)
         from .commands import dispatch
 
         result = dispatch(inv)
@@ -142,7 +146,7 @@ def run(env: Mapping[str, str], stdin: IO[bytes], stdout: IO[str]) -> int:
             stdout.write(json.dumps(result))
         return 0
     except CniError as err:
-        stdout.write(json.dumps(err.to_json(_error_version(seen.get("raw")))))
+        stdout.write(json.dumps(err.to_json(_error_version(seen.get("top")))))
         return 1
     except Exception as exc:  # noqa: BLE001 - a runtime must get error JSON, never a traceback
         log.event("error", "internal error", error=f"{type(exc).__name__}: {exc}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 
-SUPPORTED = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+# Every version the reference plugins accept (skel's version.All): 0.1.0 and 0.2.0 results carry ip4/ip6.
+SUPPORTED = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST = SUPPORTED[-1]
 # libcni and skel treat a config without cniVersion as 0.1.0.
 IMPLICIT = "0.1.0"
@@ -24,14 +25,16 @@ def at_least(version: str, minimum: str) -> bool:
     return parse(version) >= parse(minimum)
 
 
-def negotiate(conf: dict) -> str:
-    """Pick the spec version to speak for this config.
+def negotiate(wanted: object, listed: object) -> str:
+    """Pick the spec version to speak, given the config's `cniVersion` and `cniVersions` (decoded by
+    gojson.pick: any key case, null = absent).
 
-    `cniVersion` wins when we support it. A `cniVersions` list (CNI 1.1 conflists) is honoured when
-    `cniVersion` is absent or unsupported: the highest version in both lists is used.
+    `cniVersion` wins when we support it; empty or absent means 0.1.0, as in skel. A `cniVersions` list
+    (CNI 1.1 conflists) is honoured when `cniVersion` is absent or unsupported: the highest version in
+    both lists is used.
     """
-    wanted = conf.get("cniVersion", None)
-    listed = conf.get("cniVersions", None)
+    if wanted == "":
+        wanted = None
     if wanted is not None and not isinstance(wanted, str):
         raise CniError(DECODE_FAILURE, "cniVersion must be a string", repr(wanted)[:200])
     if listed is not None:
@@ -48,6 +51,8 @@ def negotiate(conf: dict) -> str:
         common = [v for v in listed if v in SUPPORTED]
         if common:
             return max(common, key=parse)
+    elif wanted is None:
+        return IMPLICIT
     asked = wanted or (", ".join(listed) if listed else IMPLICIT)
     raise CniError(
         INCOMPATIBLE_VERSION,

@@ -25,37 +25,55 @@ junk = st.one_of(st.none(), st.booleans(), st.integers(-70000, 70000), st.floats
                  st.text(max_size=8), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 paths = st.one_of(st.sampled_from(["/var/lib/x", "/tmp/a b", "relative", "", "/\0x", "/" + "a" * 1100]), junk)
 ports = st.one_of(st.integers(-1, 70000), junk)
+
+
+def spelled(name: str):
+    """The key as written, or as Go would still match it: another case, a long s, a Kelvin sign."""
+    variants = [name, name.lower(), name.upper(), name[:1].upper() + name[1:], name.replace("s", "\u017f"),
+                name.replace("k", "\u212a"), name + "x"]
+    return st.sampled_from(variants)
+
+
 port_mapping = st.dictionaries(
-    st.sampled_from(["hostPort", "HostPort", "hostport", "containerPort", "ContainerPort", "protocol", "Protocol",
-                     "hostIP", "HostIP", "other"]),
+    st.sampled_from(["hostPort", "containerPort", "protocol", "hostIP", "other"]).flatmap(spelled),
     st.one_of(ports, st.sampled_from(["tcp", "UDP", "sctp", "icmp", "", "10.0.0.1", "fd00::1", "fe80::1%eth0", "1.2.3"])),
     max_size=5)
 VALID_CONF = {"name": "net", "type": "cni-reaper", "stateDir": "/var/lib/cni/reaper", "ipamDataDir": "/var/lib/cni/networks",
               "cniCacheDir": "/var/lib/cni", "logFile": "", "backend": "auto", "lockTimeout": 10,
-              "cniVersion": "1.0.0", "prevResult": {},
+              "cniVersion": "1.0.0", "prevResult": {}, "capabilities": {"portMappings": True},
               "runtimeConfig": {"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}}
 FIELD_VALUES = {
     "name": junk, "type": junk, "stateDir": paths, "ipamDataDir": paths, "cniCacheDir": paths, "logFile": paths,
-    "backend": st.one_of(st.sampled_from(["auto", "nft", "legacy", "iptables", "NFT"]), junk),
+    "backend": st.one_of(st.sampled_from(["auto", "nft", "legacy", "iptables", "NFT", ""]), junk),
     "lockTimeout": st.one_of(st.floats(-1, 400), st.integers(-5, 400), st.sampled_from([float("inf"), float("nan")]), junk),
     "cniVersion": junk,
     "cniVersions": st.one_of(st.lists(st.sampled_from(["1.0.0", "0.4.0"]), max_size=2), st.lists(junk, max_size=2), junk),
     "prevResult": junk,
-    "runtimeConfig": st.one_of(st.fixed_dictionaries({}, optional={"portMappings": st.one_of(st.lists(port_mapping, max_size=3), junk)}), junk),
+    "capabilities": st.one_of(st.fixed_dictionaries({"portMappings": junk}), junk),
+    "runtimeConfig": st.one_of(st.dictionaries(st.sampled_from(["portMappings", "PortMappings", "x"]),
+                                               st.one_of(st.lists(st.one_of(port_mapping, junk), max_size=3), junk),
+                                               max_size=2), junk),
     "extra": junk,
 }
 
 
 @st.composite
 def confs(draw):
-    """A valid configuration with one (sometimes up to three) fields removed or replaced by edge values and junk."""
+    """A valid configuration with one (sometimes up to three) fields removed, nulled, spelled as Go would
+    still match them, or replaced by edge values and junk."""
     raw = json.loads(json.dumps(VALID_CONF))
     fields = [draw(st.sampled_from(sorted(FIELD_VALUES)))]
     if draw(st.integers(0, 3)) == 0:  # mostly one field at a time, so that one wrong rule shows on its own
         fields += draw(st.lists(st.sampled_from(sorted(FIELD_VALUES)), max_size=2, unique=True))
     for field in dict.fromkeys(fields):
-        if draw(st.booleans()) and field in raw:
-            del raw[field]
+        how = draw(st.sampled_from(["delete", "replace", "replace", "respell", "null-after"]))
+        if how == "delete":
+            raw.pop(field, None)
+        elif how == "respell":  # the same value under another spelling, before or after the original
+            value = raw.pop(field, None) if draw(st.booleans()) else draw(FIELD_VALUES[field])
+            raw[draw(spelled(field))] = value
+        elif how == "null-after":
+            raw[draw(spelled(field))] = None
         else:
             raw[field] = draw(FIELD_VALUES[field])
     return raw
@@ -84,10 +102,9 @@ def test_config_mirror_agrees_with_the_schema(raw):
     if fast is None:
         return
     for attr in ("name", "type", "stateDir", "ipamDataDir", "cniCacheDir", "backend", "lockTimeout", "logFile",
-                 "prevResult", "cniVersion", "cniVersions"):
+                 "prevResult", "cniVersion", "cniVersions", "portMappingsDeclared"):
         assert getattr(fast, attr) == getattr(slow, attr), attr
-    assert [p.as_dict() for p in fast.runtimeConfig.portMappings] == [
-        p.model_dump() for p in slow.runtimeConfig.portMappings]
+    assert [p.as_dict() for p in fast.portMappings] == [p.model_dump() for p in slow.runtimeConfig.portMappings]
 
 
 def _addresses():
@@ -98,59 +115,82 @@ def _addresses():
     return st.one_of(v4, v6, odd)
 
 
-prefixes = st.one_of(st.integers(0, 130).map(str), st.sampled_from(["", "x", "024", "0024", "-1", "٢"]))
+prefixes = st.one_of(st.integers(0, 130).map(str), st.sampled_from(["", "x", "024", "0024", "-1", "٢", "+8"]))
 cidrs = st.one_of(st.tuples(_addresses(), prefixes).map(lambda t: f"{t[0]}/{t[1]}"), _addresses(), junk)
 ENTRY_VALUES = {"address": cidrs, "version": st.one_of(st.sampled_from(["4", "6", "5", 4]), st.none()),
                 "gateway": st.one_of(_addresses(), st.none(), junk), "interface": st.one_of(st.integers(-1, 3), st.none(), junk)}
-IFACE_VALUES = {"name": junk, "mac": junk, "sandbox": junk}
+IFACE_VALUES = {"name": junk, "mac": junk, "sandbox": junk, "mtu": junk}
+OLD_VALUES = {"ip": cidrs, "gateway": st.one_of(_addresses(), st.none(), junk)}
 
 
 @st.composite
 def prev_results(draw):
-    """A valid bridge-like result, then zero to three parts replaced by edge values and junk."""
-    raw = prev_result(draw(st.sampled_from(["0.4.0", "1.0.0"])), address=draw(st.sampled_from(["172.26.64.2/20", "fd00::2/64"])))
-    raw["ips"].append({"address": draw(cidrs) if draw(st.booleans()) else "10.1.2.3/24", "interface": 2})
+    """A valid bridge-like result (0.2.0 to 1.1.0), then zero to three parts removed, nulled, respelled or
+    replaced by edge values and junk."""
+    version = draw(st.sampled_from(["0.2.0", "0.4.0", "1.0.0", "1.1.0"]))
+    address = draw(st.sampled_from(["172.26.64.2/20", "fd00::2/64"]))
+    if version == "0.2.0":
+        raw = {"cniVersion": version, "ip4": {"ip": address, "gateway": "172.26.64.1"}, "ip6": {"ip": "fd00::3/64"}}
+    else:
+        raw = prev_result(version, address=address)
+        raw["ips"].append({"address": draw(cidrs) if draw(st.booleans()) else "10.1.2.3/24", "interface": 2})
     for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2, 3]))):
-        where = draw(st.sampled_from(["ips", "interfaces", "top"]))
+        where = draw(st.sampled_from(["ips", "interfaces", "ip4", "ip6", "top"]))
         items = raw.get(where)
+        if isinstance(items, dict):
+            items = [items]
         if where != "top" and isinstance(items, list) and items:
             item = items[draw(st.integers(0, len(items) - 1))]
-            values = ENTRY_VALUES if where == "ips" else IFACE_VALUES
+            values = {"ips": ENTRY_VALUES, "interfaces": IFACE_VALUES}.get(where, OLD_VALUES)
             if not isinstance(item, dict):
                 continue
             field = draw(st.sampled_from(sorted(values)))
-            if draw(st.booleans()):
+            how = draw(st.sampled_from(["delete", "replace", "respell", "null"]))
+            if how == "delete":
                 item.pop(field, None)
+            elif how == "respell":
+                item[draw(spelled(field))] = item.pop(field, None)
+            elif how == "null":
+                item[draw(spelled(field))] = None
             else:
                 item[field] = draw(values[field])
         else:
-            raw[draw(st.sampled_from(["ips", "interfaces", "cniVersion"]))] = draw(junk)
-    return raw
+            key = draw(st.sampled_from(["ips", "interfaces", "cniVersion", "ip4"]))
+            if draw(st.booleans()) and key in raw:
+                raw[draw(spelled(key))] = raw.pop(key)
+            else:
+                raw[key] = draw(st.one_of(junk, st.lists(st.one_of(st.none(), junk), max_size=2)))
+    return raw, draw(st.sampled_from(["0.2.0", "1.0.0"]))
+
+
+def _fast_ips(raw, version):
+    try:
+        return result.recorded_ips(raw, version)
+    except CniError as err:
+        assert err.code == 7
+        return None
+
+
+def _slow_ips(raw, version):
+    try:
+        return models.PrevResult.parse(raw, version).addresses()
+    except ValidationError:
+        return None
+
+
+def _same_ips(fast, slow) -> bool:
+    got = [(ipaddress.ip_address(i["address"]).packed, i["prefix"], i["family"]) for i in fast]
+    return got == [(i.ip.packed, i.network.prefixlen, i.version) for i in slow]
 
 
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(prev_results())
-def test_prev_result_mirror_agrees_with_the_schema(raw):
-    try:
-        fast = result.recorded_ips(raw)
-    except CniError as err:
-        assert err.code == 7
-        fast = None
-    try:
-        slow = models.PrevResult.model_validate(raw)
-    except ValidationError:
-        slow = None
+def test_prev_result_mirror_agrees_with_the_schema(case):
+    raw, version = case
+    fast, slow = _fast_ips(raw, version), _slow_ips(raw, version)
     assert (fast is None) == (slow is None), (raw, fast, slow)
-    if slow is None:
-        return
-    expected = []
-    for entry in slow.ips:
-        iface = ipaddress.ip_interface(entry.address)
-        item = (iface.ip.packed, iface.network.prefixlen, iface.version)
-        if item not in expected:
-            expected.append(item)
-    got = [(ipaddress.ip_address(i["address"]).packed, i["prefix"], i["family"]) for i in fast]
-    assert got == expected
+    if slow is not None:
+        assert _same_ips(fast, slow), (raw, fast, slow)
 
 
 @settings(max_examples=max(EXAMPLES // 10, 50), suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
@@ -168,14 +208,14 @@ def test_every_record_the_verbs_write_validates_against_the_schema(tmp_path_fact
         json.loads(path.read_text())
 
 
-EDGES = [("lockTimeout", v) for v in (300, 300.0, 300.5, 301, 0, 0.0, 1e-9, -0.0, True, "10", float("inf"))] + \
+EDGES = [("lockTimeout", v) for v in (300, 300.0, 300.5, 301, 0, 0.0, 1e-9, -0.0, True, "10", float("inf"), None)] + \
     [("backend", v) for v in ("auto", "nft", "legacy", "Legacy", "iptables", "", None)] + \
     [("logFile", v) for v in ("", "/x", "x", "/" + "a" * 1023, "/" + "a" * 1024, None)] + \
-    [("stateDir", v) for v in ("/", "/a\0b", "", " /x")] + \
+    [("stateDir", v) for v in ("/", "/a\0b", "", " /x", None)] + \
     [("runtimeConfig", {"portMappings": [dict(hostPort=h, containerPort=c, **extra)]})
      for h, c, extra in ((1, 65535, {}), (0, 80, {}), (65536, 80, {}), (80, 80, {"protocol": "SCTP"}),
                          (80, 80, {"protocol": 6}), (80, 80, {"hostIP": "::"}), (80, 80, {"hostIP": "1.2.3.4/32"}),
-                         (True, 80, {}), (80.0, 80, {}))]
+                         (True, 80, {}), (80.0, 80, {}), (80, 80, {"protocol": ""}), (80, 80, {"hostIP": None}))]
 
 
 def test_config_mirror_agrees_on_the_boundaries():
@@ -184,24 +224,23 @@ def test_config_mirror_agrees_on_the_boundaries():
         raw[field] = value
         fast, slow = _fast(raw), _slow(raw)
         assert (fast is None) == (slow is None), (field, value)
+        if fast is not None:
+            assert getattr(fast, field if field != "runtimeConfig" else "portMappings") is not None
+            assert [p.as_dict() for p in fast.portMappings] == [p.model_dump() for p in slow.runtimeConfig.portMappings]
+            assert (fast.lockTimeout, fast.backend, fast.logFile) == (slow.lockTimeout, slow.backend, slow.logFile)
 
 
 def test_prev_result_mirror_agrees_on_the_boundaries():
     entries = [{"address": a} for a in ("10.0.0.1/32", "10.0.0.1/33", "10.0.0.1/024", "10.0.0.1/0024", "fd00::1/128",
-                                         "fd00::1/129", "fd00::1/0", "10.0.0.1/", "/24", "10.0.0.1/24/1", "::ffff:10.0.0.1/96")]
-    entries += [{"address": "10.0.0.1/24", "version": v} for v in ("4", "6", "5", 4)]
+                                         "fd00::1/129", "fd00::1/0", "10.0.0.1/", "/24", "10.0.0.1/24/1", "::ffff:10.0.0.1/96",
+                                         "10.0.0.1/000000000000000000032", "10.0.0.1/+8", None, 5)]
+    entries += [{"address": "10.0.0.1/24", "version": v} for v in ("4", "6", "5", 4, None)]
     entries += [{"address": "fd00::1/64", "version": v} for v in ("6", "4")]
-    entries += [{"address": "10.0.0.1/24", "gateway": g} for g in ("10.0.0.254", "fd00::1", "10.0.0.256", "", None)]
-    entries += [{"address": "10.0.0.1/24", "interface": i} for i in (0, 1, -1, True, "0")]
+    entries += [{"address": "10.0.0.1/24", "gateway": g} for g in ("10.0.0.254", "fd00::1", "10.0.0.256", "", None, 5)]
+    entries += [{"address": "10.0.0.1/24", "interface": i} for i in (0, 1, -1, True, "0", None, 9)]
     for entry in entries:
-        address = entry
         raw = {"interfaces": [{"name": "eth0"}], "ips": [entry]}
-        try:
-            fast = result.recorded_ips(raw)
-        except CniError:
-            fast = None
-        try:
-            slow = models.PrevResult.model_validate(raw)
-        except ValidationError:
-            slow = None
-        assert (fast is None) == (slow is None), address
+        fast, slow = _fast_ips(raw, "1.0.0"), _slow_ips(raw, "1.0.0")
+        assert (fast is None) == (slow is None), entry
+        if slow is not None:
+            assert _same_ips(fast, slow), entry

@@ -222,14 +222,19 @@ def test_status_succeeds_when_add_can_be_served(tmp_path):
     assert not (tmp_path / "s").exists(), "STATUS must not create anything"
 
 
-def test_status_reports_what_is_missing(tmp_path, monkeypatch):
+def test_status_fails_only_when_add_could_not_be_served(tmp_path, monkeypatch):
+    """An unusable state directory: code 50, with the reason. No iptables at all: STATUS still succeeds
+    (Nomad skips an allocation's whole DEL when STATUS fails; a clean-up that cannot run waits instead)."""
     (tmp_path / "file").write_text("")
     rc, out = invoke("STATUS", conf(tmp_path / "file", "1.1.0", prev=None))
-    assert rc == 1 and out["code"] == 50 and "not a directory" in out["msg"]
+    assert rc == 1 and out["code"] == 50 and "not a directory" in out["msg"] and "stateDir" in out["details"]
+    (tmp_path / "other").mkdir()
+    os.chown(tmp_path / "other", 1234, 1234)
+    rc, out = invoke("STATUS", conf(tmp_path / "other", "1.1.0", prev=None))
+    assert rc == 1 and out["code"] == 50 and "owned by uid 1234" in out["msg"]
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr("cni_reaper.flavour.FALLBACK_PATH", str(tmp_path))
-    rc, out = invoke("STATUS", conf(tmp_path / "s", "1.1.0", prev=None))
-    assert rc == 1 and out["code"] == 50 and "iptables" in out["msg"]
+    assert invoke("STATUS", conf(tmp_path / "s", "1.1.0", prev=None)) == (0, None)
 
 
 def test_gc_drops_only_this_networks_attachments_missing_from_the_valid_list(tmp_path):
@@ -243,17 +248,34 @@ def test_gc_drops_only_this_networks_attachments_missing_from_the_valid_list(tmp
     assert {(r["network"], r["containerID"]) for r in records(state)} == {("nomad-reaper", "keep"), ("other-net", "gone")}
 
 
-@pytest.mark.parametrize("valid", [None, "x", [1], [{"containerID": "../x", "ifname": "eth0"}],
-                                   [{"containerID": "a", "ifname": "e" * 16}], [{"ifname": "eth0"}]])
-def test_gc_refuses_a_missing_or_malformed_valid_list(tmp_path, valid):
+@pytest.mark.parametrize("valid", ["x", 5, [1], ["a"], [{"containerID": 5, "ifname": "eth0"}],
+                                   [{"containerID": "a", "ifname": ["eth0"]}]])
+def test_gc_refuses_a_valid_list_it_cannot_read(tmp_path, valid):
+    """Skipping an entry it cannot read could remove what that entry protects: nothing is removed."""
     state = tmp_path / "s"
     invoke("ADD", conf(state, "1.1.0"), cid="a")
-    gc = conf(state, "1.1.0", prev=None)
-    if valid is not None:
-        gc["cni.dev/valid-attachments"] = valid
+    gc = conf(state, "1.1.0", prev=None, **{"cni.dev/valid-attachments": valid})
     rc, out = invoke("GC", gc, cid=None, netns=None, ifname=None)
     assert rc == 1 and out["code"] == 7
     assert records(state)[0]["deleted"] is None
+
+
+@pytest.mark.parametrize("gc_keys,kept", [
+    ({}, set()),  # Go's omitempty drops an empty list
+    ({"cni.dev/valid-attachments": None}, set()),  # libcni marshals a nil slice as null
+    ({"cni.dev/valid-attachments": []}, set()),
+    ({"CNI.dev/Valid-Attachments": [{"ContainerID": "a", "IfName": "eth0"}]}, {"a"}),
+    ({"cni.dev/attachments": [{"containerID": "a", "ifname": "eth0"}]}, {"a"}),  # the spec's earlier name
+    ({"cni.dev/valid-attachments": [None, {"containerID": "a"}]}, {"a"}),  # no ifname: any of a's
+    ({"cni.dev/valid-attachments": [{"containerID": "../x", "ifname": "eth0"}, {"ifname": "eth0"}]}, set()),
+])
+def test_gc_reads_the_valid_list_as_go_does(tmp_path, gc_keys, kept):
+    state = tmp_path / "s"
+    for cid in ("a", "b"):
+        invoke("ADD", conf(state, "1.1.0"), cid=cid)
+    gc = conf(state, "1.1.0", prev=None, **gc_keys)
+    assert invoke("GC", gc, cid=None, netns=None, ifname=None) == (0, None)
+    assert {r["containerID"] for r in records(state)} == kept
 
 
 def test_a_record_owned_by_another_user_is_quarantined(tmp_path, capfd):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import log
 from ..errors import INVALID_CONFIG, CniError
+from ..gojson import lookup
 from ..record import incarnation, merge
 from ..result import recorded_ips
 from ..store import Store
@@ -17,8 +18,12 @@ def run(inv):
             "cni-reaper must be chained after an interface-creating plugin",
             "put it last in a conflist's plugins list, after bridge/firewall/portmap; it got no prevResult",
         )
-    ips = recorded_ips(conf.prevResult)
-    current = incarnation(inv.netns, ips, [p.as_dict() for p in conf.runtimeConfig.portMappings])
+    ips = recorded_ips(conf.prevResult, inv.version)
+    if not conf.portMappingsDeclared:
+        log.warn("cni-reaper's conflist entry does not declare the portMappings capability, so the runtime "
+                 "hands it no port mappings: none recorded (dead attachments' DNAT rules are still found by "
+                 "their owner tag)", fix='add "capabilities": {"portMappings": true} to cni-reaper\'s entry')
+    current = incarnation(inv.netns, ips, [p.as_dict() for p in conf.portMappings])
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
         with store.locked():
@@ -35,5 +40,6 @@ def run(inv):
     finally:
         store.close()
     result = dict(conf.prevResult)
-    result.setdefault("cniVersion", inv.version)
+    if not lookup(result, "cniVersion")[0]:
+        result["cniVersion"] = inv.version
     return result

@@ -16,8 +16,8 @@ def run(inv):
     if conf.prevResult is None:
         raise CniError(INVALID_CONFIG, "CHECK needs prevResult",
                        "cni-reaper must be chained after an interface-creating plugin")
-    ips = recorded_ips(conf.prevResult)
-    current = incarnation(inv.netns, ips, [p.as_dict() for p in conf.runtimeConfig.portMappings])
+    ips = recorded_ips(conf.prevResult, inv.version)
+    current = incarnation(inv.netns, ips, [p.as_dict() for p in conf.portMappings])
     if current["netnsId"] is None:
         raise CniError(UNKNOWN_CONTAINER, f"{inv.netns} is not a network namespace",
                        "the container's network namespace is gone; the runtime should recreate the network")

@@ -25,7 +25,7 @@ def immediate_targets(record: dict, inv, conf) -> list:
     same_life = given_alive and inv.netns == cur["netns"] and netns.is_alive(cur["netns"], nsid(cur))
     parts = set()
     if same_life:
-        if not conf.runtimeConfig.portMappings:
+        if not conf.portMappings:
             parts.add("dnat")
         if conf.prevResult is None:
             parts.add("forward")
@@ -48,6 +48,9 @@ def immediate_targets(record: dict, inv, conf) -> list:
 
 def run(inv):
     conf = inv.conf
+    if conf.stateDir is None:
+        log.warn("DEL has no usable state directory; nothing of this attachment can be looked up")
+        return None
     store = Store(conf.stateDir, conf.lockTimeout)
     try:
         store.open(create=False)
@@ -60,7 +63,7 @@ def run(inv):
                 extra = immediate_targets(record, inv, conf)
                 if record["deleted"] is None:
                     record["deleted"] = tombstone(netns.identity(inv.netns) is None, conf.prevResult is not None,
-                                                  bool(conf.runtimeConfig.portMappings), verify=bool(extra))
+                                                  bool(conf.portMappings), verify=bool(extra))
                 store.save(record)
             exclude = frozenset({key(record)}) if record is not None else frozenset()
             sweep_quietly(store, conf, exclude=exclude, extra=extra)

@@ -4,7 +4,8 @@ cni-reaper was installed), and host-local reservations of invalid attachments.""
 
 from __future__ import annotations
 
-from .. import log, names
+from .. import log
+from ..gojson import lookup, pick
 from ..errors import INVALID_CONFIG, CniError
 from ..hostlocal import locked_networks
 from ..plan import Target
@@ -14,26 +15,42 @@ from ..store import Store
 from ..sweep import LIVE, classify, sweep_quietly
 
 VALID_KEY = "cni.dev/valid-attachments"
+OLD_KEY = "cni.dev/attachments"  # the name in an earlier text of the spec; libcni sends both
 
 
 def valid_attachments(raw: dict) -> set[tuple[str, str]]:
-    """The (containerID, ifname) pairs the runtime still uses. Refuses a missing or malformed list:
-    treating it as empty would declare every attachment of the network dead."""
-    entries = raw.get(VALID_KEY)
+    """The (containerID, ifname) pairs the runtime still uses; ifname "" stands for any of that container's.
+
+    Decoded as Go decodes types.NetConf's field: any key case; `null`, or no key at all (what Go marshals for
+    an empty list with omitempty), is the empty list: every attachment of the network is invalid. An entry
+    that cannot be read refuses the GC (nothing is removed): skipping it could remove what it protects."""
+    found, entries = lookup(raw, VALID_KEY)
+    if not found or entries is None:
+        entries = lookup(raw, OLD_KEY)[1]
+    if entries is None:
+        log.info(f"GC without {VALID_KEY}: no attachment of this network is valid")
+        return set()
     if not isinstance(entries, list):
         raise CniError(INVALID_CONFIG, f"GC needs {VALID_KEY} as a list",
                        "the runtime must list the attachments that are still in use (an empty list is allowed)")
     out = set()
     for i, entry in enumerate(entries):
+        if entry is None:
+            continue
         if not isinstance(entry, dict):
             raise CniError(INVALID_CONFIG, f"{VALID_KEY}[{i}] must be an object with containerID and ifname")
-        try:
-            cid = names.container_id(entry.get("containerID") if isinstance(entry.get("containerID"), str) else None)
-            ifn = names.ifname(entry.get("ifname") if isinstance(entry.get("ifname"), str) else None)
-        except CniError as err:
-            raise CniError(INVALID_CONFIG, f"{VALID_KEY}[{i}]: {err.msg}", err.details) from None
-        out.add((cid, ifn))
+        v = pick(entry, ("containerID", "ifname"))
+        cid, ifn = v.get("containerID", ""), v.get("ifname", "")
+        if not isinstance(cid, str) or not isinstance(ifn, str):
+            raise CniError(INVALID_CONFIG, f"{VALID_KEY}[{i}]: containerID and ifname must be strings")
+        if cid:
+            out.add((cid, ifn))
     return out
+
+
+def holds(pairs: set[tuple[str, str]], cid: str, ifname: str) -> bool:
+    """Whether (cid, ifname) is among `pairs`; an empty ifname on either side matches any ifname."""
+    return (cid, ifname) in pairs or (cid, "") in pairs or (not ifname and any(c == cid for c, _ in pairs))
 
 
 def orphan_targets(conf, valid_ids: set[str], recorded_ids: set[str]) -> list[Target]:
@@ -56,8 +73,7 @@ def release_invalid_reservations(conf, valid: set[tuple[str, str]], live_keys: s
     with locked_networks(conf.ipamDataDir, [conf.name], conf.lockTimeout) as dirs:
         d = dirs[conf.name]
         for ip, (cid, ifname) in sorted(d.reservations().items()):
-            holder = {(cid, ifname)} if ifname else {(c, i) for c, i in valid | live_keys if c == cid}
-            if holder & (valid | live_keys):
+            if holds(valid, cid, ifname) or holds(live_keys, cid, ifname):
                 continue
             if d.release(ip, cid, ifname):
                 released += 1
@@ -74,7 +90,7 @@ def run(inv):
         with store.locked():
             records = list(store.records())
             mine = [r for r in records if r["network"] == conf.name]
-            invalid = [r for r in mine if (r["containerID"], r["ifname"]) not in valid]
+            invalid = [r for r in mine if not holds(valid, r["containerID"], r["ifname"])]
             invalid_keys = {key(r) for r in invalid}
             targets = [t for r in invalid for t in targets_for(r, "dead")]
             live_others = [r for r in records

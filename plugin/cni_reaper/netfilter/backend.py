@@ -28,11 +28,12 @@ class Backend(Protocol):
         (then nothing of that table's transaction was applied)."""
 
 
-def select(backend: str = "auto") -> Backend:
+def select(backend: str = "auto", family: int = 4) -> Backend:
+    """The backend for one family's tables: the flavour its tool on PATH uses, unless `backend` says which."""
     from .. import flavour as flavours
     from .restore import SaveRestoreBackend
 
-    found, why = flavours.detect(backend)
+    found, why = flavours.detect(backend, family=family)
     if found is None:
         raise BackendError(why)
     if found == "legacy":
