@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Install cni-reaper on a Nomad client (as root), or into a throwaway root with --prefix.
 #
-#   scripts/install.sh [--prefix DIR] [--bundle DIR] [--conflist FILE|none] [--force]
+#   scripts/install.sh [--prefix DIR] [--bundle DIR] [--conflist FILE|none] [--cni-version auto|1.0.0|1.1.0] [--force]
 #   scripts/install.sh [--prefix DIR] --uninstall
 #
 # Installs the one-folder bundle into /opt/cni-reaper/, links /opt/cni/bin/cni-reaper to it, copies the
 # conflist (default conflist/nomad-reaper.conflist) into /opt/cni/config/, and checks that the reference
-# plugins the conflist chains are present (in /opt/cni/bin or /usr/lib/cni). Idempotent. What it installed
-# is listed in /opt/cni-reaper/.manifest; --uninstall removes exactly that and nothing else (not the records
-# in /var/lib/cni/reaper, not the log).
+# plugins the conflist chains are present (in /opt/cni/bin or /usr/lib/cni). A shipped conflist is
+# installed in its CNI 1.1.0 form (conflist/1.1.0/) when every plugin it chains says it speaks 1.1.0 (CNI
+# VERSION; plugins 1.6 and later), so that Nomad 1.9.5+ sends STATUS; otherwise in its 1.0.0 form.
+# Idempotent. What it installed is listed in /opt/cni-reaper/.manifest; --uninstall removes exactly that and
+# nothing else (not the records in /var/lib/cni/reaper, not the log).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
-prefix="" bundle="" conflist="$here/conflist/nomad-reaper.conflist" uninstall=0 force=0
+prefix="" bundle="" conflist="$here/conflist/nomad-reaper.conflist" uninstall=0 force=0 cni_version=auto
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix=${2%/}; shift 2 ;;
@@ -20,7 +22,8 @@ while [ $# -gt 0 ]; do
     --conflist) conflist=$2; shift 2 ;;
     --uninstall) uninstall=1; shift ;;
     --force) force=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cni-version) cni_version=$2; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -55,22 +58,38 @@ if [ -z "$bundle" ]; then
 fi
 [ -x "$bundle/cni-reaper" ] || { echo "install.sh: no bundle at $bundle (run scripts/build.sh)" >&2; exit 1; }
 
+# the plugin types a conflist chains (ipam types too), read without Python (a client may have none)
+types_of() { grep -o '"type"[[:space:]]*:[[:space:]]*"[^"]*"' "$1" | sed 's/.*"\([^"]*\)"$/\1/' | sort -u; }
+# where Nomad's cni_path would find a plugin (default cni_path: /opt/cni/bin, then /usr/lib/cni here)
+plugin_path() { for d in "$bindir" /usr/lib/cni; do [ -x "$d/$1" ] && { echo "$d/$1"; return 0; }; done; return 1; }
+speaks_1_1_0() { CNI_COMMAND=VERSION "$1" </dev/null 2>/dev/null | grep -q '"1\.1\.0"'; }
+
 # the reference plugins the conflist chains must be where Nomad looks for them
 if [ "$conflist" != none ]; then
   [ -f "$conflist" ] || { echo "install.sh: no conflist $conflist" >&2; exit 1; }
-  missing=()
-  for t in $(python3 -c 'import json,sys; print(" ".join(p["type"] for p in json.load(open(sys.argv[1]))["plugins"]))' "$conflist"); do
+  missing=() old=()
+  for t in $(types_of "$conflist"); do
     [ "$t" = cni-reaper ] && continue
-    [ -x "$bindir/$t" ] || [ -x "/usr/lib/cni/$t" ] || missing+=("$t")
-  done
-  for t in $(python3 -c 'import json,sys; print(" ".join(p["ipam"]["type"] for p in json.load(open(sys.argv[1]))["plugins"] if "ipam" in p))' "$conflist"); do
-    [ -x "$bindir/$t" ] || [ -x "/usr/lib/cni/$t" ] || missing+=("$t")
+    if p=$(plugin_path "$t"); then speaks_1_1_0 "$p" || old+=("$t"); else missing+=("$t"); fi
   done
   if [ ${#missing[@]} -gt 0 ]; then
     echo "install.sh: the conflist chains plugins that are not installed: ${missing[*]}" >&2
     echo "  install them (Debian: apt-get install containernetworking-plugins) into /opt/cni/bin or /usr/lib/cni," >&2
     echo "  and list that directory in the Nomad client's cni_path" >&2
     exit 1
+  fi
+  # a shipped conflist comes in two forms: conflist/NAME (CNI 1.0.0) and conflist/1.1.0/NAME
+  name=$(basename "$conflist")
+  if [ "$(cd "$(dirname "$conflist")" && pwd)" = "$here/conflist" ] && [ -f "$here/conflist/1.1.0/$name" ]; then
+    case "$cni_version" in
+      auto) if [ ${#old[@]} -eq 0 ]; then cni_version=1.1.0; why="every plugin it chains speaks CNI 1.1.0"
+            else cni_version=1.0.0; why="${old[*]} do(es) not speak CNI 1.1.0 (plugins before 1.6)"; fi ;;
+      1.0.0|1.1.0) why="asked for with --cni-version" ;;
+      *) echo "install.sh: --cni-version must be auto, 1.0.0 or 1.1.0" >&2; exit 2 ;;
+    esac
+    [ "$cni_version" = 1.1.0 ] && conflist="$here/conflist/1.1.0/$name"
+    say "conflist $name in its CNI $cni_version form: $why"
+    [ "$cni_version" = 1.1.0 ] || say "  (Nomad 1.9.5+ sends STATUS only to conflists at 1.1.0; see README, Compatibility)"
   fi
 fi
 
@@ -80,6 +99,8 @@ for d in "$prefix/opt" "$prefix/opt/cni" "$bindir" "$confdir"; do
 done
 # directories made by an earlier run of this script stay ours
 prev_dirs=$(grep '^dir ' "$manifest" 2>/dev/null | cut -d' ' -f2 || true)
+# so do conflists installed by an earlier run (another conflist, or this one before it is replaced below)
+prev_files=$(grep '^file ' "$manifest" 2>/dev/null || true)
 # the bundle: copied beside, then swapped in, so a running invocation never sees half a bundle
 rm -rf "$home.new"
 cp -a "$bundle" "$home.new"
@@ -95,6 +116,10 @@ fi
 ln -sfn "$target" "$link"
 printf 'link %s %s\n' /opt/cni/bin/cni-reaper "$target" > "$manifest"
 for d in $prev_dirs "${created[@]}"; do printf 'dir %s\n' "$d" >> "$manifest"; done
+if [ "$conflist" != none ]; then
+  prev_files=$(printf '%s\n' "$prev_files" | grep -v "^file /opt/cni/config/$(basename "$conflist") " || true)
+fi
+[ -n "$prev_files" ] && printf '%s\n' "$prev_files" >> "$manifest"
 
 if [ "$conflist" != none ]; then
   dest="$confdir/$(basename "$conflist")"

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sandbox import Sandbox, binary_exe, build_driver, needs_root  # noqa: E402
+from sandbox import DEBIAN12, STACKS, Sandbox, binary_exe, build_driver, needs_root  # noqa: E402
 
 FLAVOURS = ("nft", "legacy")
 
@@ -33,12 +33,37 @@ def host_tables_untouched():
     assert _host_cni_lines() == before, "a test changed the machine's own netfilter tables"
 
 
+_drivers: dict[str, str] = {}
+
+
+def driver_for(runtime: str) -> str:
+    """The go-cni driver for a runtime, built once per session; a build or fetch failure fails the test."""
+    if runtime not in _drivers:
+        try:
+            _drivers[runtime] = build_driver(runtime)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+    return _drivers[runtime]
+
+
 @pytest.fixture(scope="session")
 def driver_bin() -> str:
-    try:
-        return build_driver()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
+    return driver_for(DEBIAN12.runtime)
+
+
+@pytest.fixture(params=STACKS, ids=lambda s: s.id)
+def stack(request):
+    """Every combination the suite runs the Nomad scenarios on: reference plugins 1.1.1 (Debian 12) and 1.9.x
+    (Debian unstable), each with the runtime of Nomad up to 1.9.4 (go-cni 1.1.7) and of Nomad 1.9.5+
+    (go-cni 1.1.13, STATUS before every operation, the 1.1.0 conflists where the plugins speak 1.1.0)."""
+    return request.param
+
+
+@pytest.fixture(params=[STACKS[0], STACKS[2]], ids=lambda s: s.id)
+def two_stacks(request):
+    """For tests of cni-reaper's own machinery (failures, concurrency, the CLI): the oldest and the newest
+    stack are enough."""
+    return request.param
 
 
 def _package_exe() -> str:
@@ -64,16 +89,22 @@ def flavour(request) -> str:
     return request.param
 
 
-@pytest.fixture
-def sandbox(tmp_path, flavour, reaper_exe, driver_bin):
+def open_sandbox(tmp_path, flavour, exe, stack=DEBIAN12) -> Sandbox:
     needs_root()
-    with Sandbox(tmp_path, flavour, reaper_exe, driver_bin) as sb:
+    try:
+        return Sandbox(tmp_path, flavour, exe, driver_for(stack.runtime), stack)
+    except RuntimeError as exc:  # the 1.9.x plugins could not be fetched: fail, never skip silently
+        pytest.fail(str(exc))
+
+
+@pytest.fixture
+def sandbox(tmp_path, flavour, reaper_exe, stack):
+    with open_sandbox(tmp_path, flavour, reaper_exe, stack) as sb:
         yield sb
 
 
 @pytest.fixture
 def quick_sandbox(tmp_path, package_exe, driver_bin):
     """One flavour, the package: for protocol tests that do not depend on netfilter."""
-    needs_root()
-    with Sandbox(tmp_path, "nft", package_exe, driver_bin) as sb:
+    with open_sandbox(tmp_path, "nft", package_exe) as sb:
         yield sb

@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_PLUGINS = Path("/usr/lib/cni")
-SHIPPED_CONFLIST = REPO / "conflist" / "nomad-reaper.conflist"
+CONFLISTS = REPO / "conflist"
 _counter = itertools.count()
 
 
@@ -49,46 +49,115 @@ def needs_root() -> None:
         pytest.skip("needs root (network namespaces)")
 
 
-def build_driver() -> str:
-    """Build the go-cni driver (tests/driver) offline, in GOPATH mode, once per source version."""
-    if not shutil.which("go"):
-        raise RuntimeError("go is not installed: run scripts/setup.sh (golang-go, golang-github-containerd-go-cni-dev)")
-    src = REPO / "tests" / "driver" / "main.go"
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+RUNTIMES = ("go-cni-1.1.7", "go-cni-1.1.13")  # what Nomad up to 1.9.4 links; what Nomad 1.9.5+ links
+
+
+def build_driver(runtime: str = "go-cni-1.1.7") -> str:
+    """Build the go-cni driver (tests/driver) offline, in GOPATH mode, once per source version and runtime:
+    go-cni 1.1.7 over libcni 1.1.2 with Debian 12's Go, or go-cni 1.1.13 over libcni 1.3 with Go 1.27 from
+    Debian unstable (fetched into the test cache, see debian_sid)."""
+    srcs = sorted((REPO / "tests" / "driver").glob("*.go"))
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in srcs)).hexdigest()[:12]
     cache = Path(os.environ.get("CNI_REAPER_CACHE", "/tmp/cni-reaper-test-cache"))
-    out = cache / f"reaperdriver-{digest}"
-    if not out.exists():
-        gopath = cache / "gopath"
-        pkg = gopath / "src" / "reaperdriver"
-        pkg.mkdir(parents=True, exist_ok=True)
-        shutil.copy(src, pkg / "main.go")
-        env = dict(os.environ, GO111MODULE="off", GOPATH=f"{gopath}:/usr/share/gocode",
-                   GOCACHE=str(cache / "gocache"), GOFLAGS="")
-        tmp = out.with_suffix(f".{os.getpid()}")
-        proc = subprocess.run(["go", "build", "-o", str(tmp), "."], cwd=pkg, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"building the go-cni driver failed:\n{proc.stderr}")
-        tmp.rename(out)
+    out = cache / f"reaperdriver-{runtime}-{digest}"
+    if out.exists():
+        return str(out)
+    gopath = cache / f"gopath-{runtime}"
+    pkg = gopath / "src" / "reaperdriver"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for old in pkg.glob("*.go"):
+        old.unlink()
+    for src in srcs:
+        shutil.copy(src, pkg / src.name)
+    env = dict(os.environ, GO111MODULE="off", GOCACHE=str(cache / f"gocache-{runtime}"), GOFLAGS="",
+               GOPROXY="off", GOTOOLCHAIN="local")
+    if runtime == "go-cni-1.1.7":
+        if not shutil.which("go"):
+            raise RuntimeError("go is not installed: run scripts/setup.sh (golang-go, golang-github-containerd-go-cni-dev)")
+        go, tags = "go", []
+        env["GOPATH"] = f"{gopath}:/usr/share/gocode"
+    elif runtime == "go-cni-1.1.13":
+        import debian_sid
+
+        try:
+            sid = debian_sid.root("runtime")
+        except debian_sid.FetchError as exc:
+            raise RuntimeError(f"cannot fetch the Nomad 1.9.5+ runtime (go-cni 1.1.13, libcni 1.3, Go 1.27): {exc}") from None
+        goroot = sid / "usr" / "lib" / "go-1.27"
+        go, tags = str(goroot / "bin" / "go"), ["-tags", "libcni13"]
+        env.update(GOROOT=str(goroot), GOPATH=f"{gopath}:{sid / 'usr' / 'share' / 'gocode'}", CGO_ENABLED="0")
+    else:
+        raise ValueError(runtime)
+    tmp = out.with_suffix(f".{os.getpid()}")
+    proc = subprocess.run([go, "build", *tags, "-o", str(tmp), "."], cwd=pkg, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the go-cni driver ({runtime}) failed:\n{proc.stderr}")
+    tmp.rename(out)
     return str(out)
 
 
+PLUGIN_SETS = ("1.1.1", "1.9")  # Debian 12's reference plugins; Debian unstable's, as Nomad users run today
+
+
+def reference_plugins(which: str = "1.1.1") -> Path:
+    """The reference plugins' directory: Debian 12's, or 1.9.x fetched from Debian unstable."""
+    if which == "1.1.1":
+        return REFERENCE_PLUGINS
+    import debian_sid
+
+    try:
+        return debian_sid.plugins_dir()
+    except debian_sid.FetchError as exc:
+        raise RuntimeError(f"cannot fetch the reference plugins 1.9.x from Debian unstable: {exc}") from None
+
+
+class Stack:
+    """What one Nomad client runs: which reference plugins, which runtime library, which conflist form.
+
+    The runtime go-cni 1.1.13 (Nomad 1.9.5+) calls Status() before every Setup and Teardown; with plugins
+    that speak CNI 1.1.0 (1.6+) the shipped 1.1.0 conflists are used, so that STATUS really reaches the
+    plugins, as `scripts/install.sh` would install them; otherwise the 1.0.0 forms."""
+
+    def __init__(self, plugins: str = "1.1.1", runtime: str = "go-cni-1.1.7") -> None:
+        self.plugins, self.runtime = plugins, runtime
+        self.status = runtime == "go-cni-1.1.13"
+        self.cni_version = "1.1.0" if plugins != "1.1.1" and runtime == "go-cni-1.1.13" else "1.0.0"
+
+    @property
+    def id(self) -> str:
+        return f"plugins-{self.plugins}+{self.runtime}"
+
+    def shipped(self, name: str = "nomad-reaper.conflist") -> Path:
+        return CONFLISTS / name if self.cni_version == "1.0.0" else CONFLISTS / "1.1.0" / name
+
+
+DEBIAN12 = Stack("1.1.1", "go-cni-1.1.7")
+STACKS = (DEBIAN12, Stack("1.9", "go-cni-1.1.7"), Stack("1.9", "go-cni-1.1.13"), Stack("1.1.1", "go-cni-1.1.13"))
+FLAVOUR_OF = {"nft": ("nft", "nft"), "legacy": ("legacy", "legacy"), "mixed": ("legacy", "nft")}  # (IPv4, IPv6)
+
+
 def flavour_bin_dir(root: Path, flavour: str) -> Path:
-    """A directory whose iptables* names point at one flavour's multi binary, first on PATH."""
+    """A directory whose iptables* names point at one flavour's multi binary, first on PATH. "mixed" is a
+    host whose `iptables` alternative is legacy and whose `ip6tables` is still nft."""
     d = root / f"bin-{flavour}"
     d.mkdir(exist_ok=True)
-    multi = shutil.which(f"xtables-{flavour}-multi") or f"/usr/sbin/xtables-{flavour}-multi"
-    for name in ("iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"):
-        link = d / name
-        if not link.exists():
-            link.symlink_to(multi)
+    for family, tool in ((4, "iptables"), (6, "ip6tables")):
+        fl = FLAVOUR_OF[flavour][0 if family == 4 else 1]
+        multi = shutil.which(f"xtables-{fl}-multi") or f"/usr/sbin/xtables-{fl}-multi"
+        for name in (tool, f"{tool}-save", f"{tool}-restore"):
+            link = d / name
+            if not link.exists():
+                link.symlink_to(multi)
     return d
 
 
 class Sandbox:
-    def __init__(self, root: Path, flavour: str, reaper: str, driver: str | None = None) -> None:
+    def __init__(self, root: Path, flavour: str, reaper: str, driver: str | None = None, stack: Stack = DEBIAN12) -> None:
         self.root = root
         self.flavour = flavour
+        self.stack = stack
         self.driver_bin = driver
+        self.plugins = reference_plugins(stack.plugins)
         self.cni_dir = root / "var-lib-cni"  # mounted over /var/lib/cni inside the sandbox
         self.cni_dir.mkdir(parents=True, exist_ok=True)
         self.log_file = root / "cni-reaper.log"
@@ -152,11 +221,15 @@ class Sandbox:
         return subprocess.Popen(self.wrap(argv), env=self.env(env), stdin=subprocess.PIPE, stdout=out, stderr=out,
                                 text=True)
 
-    def conflist(self, path: Path = SHIPPED_CONFLIST, without_reaper: bool = False, name: str | None = None,
+    def shipped(self, name: str = "nomad-reaper.conflist") -> Path:
+        """A shipped conflist, in the form this sandbox's stack would install."""
+        return self.stack.shipped(name)
+
+    def conflist(self, path: Path | None = None, without_reaper: bool = False, name: str | None = None,
                  bridge: str | None = None, subnet: str | None = None, **reaper_conf) -> Path:
         """The shipped conflist (or another), with extra keys for cni-reaper; written into the sandbox.
         `without_reaper` gives the reference chain alone (how leaks from before installation are made)."""
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path or self.shipped()).read_text())
         if name:
             data["name"] = name
         if without_reaper:
@@ -175,13 +248,18 @@ class Sandbox:
         tmp.rename(out)  # atomic: parallel drivers may be reading it
         return out
 
-    def driver(self, op: str, cid: str, netns: str, ports: tuple[str, ...] = (), conflist: Path | None = None,
-               args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    def driver(self, op: str, cid: str = "", netns: str = "", ports: tuple[str, ...] = (), conflist: Path | None = None,
+               args: tuple[str, ...] = (), ports_shape: str = "omit", valid: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        """One operation through the stack's runtime, called as Nomad calls it (Status() first on 1.9.5+)."""
         assert self.driver_bin, "this sandbox has no go-cni driver"
         argv = [self.driver_bin, "-conflist", str(conflist or self.conflist()), "-plugindir",
-                f"{self.plugin_dir}:{REFERENCE_PLUGINS}", "-op", op, "-id", cid, "-netns", netns]
+                f"{self.plugin_dir}:{self.plugins}", "-op", op, "-id", cid, "-netns", netns, "-ports", ports_shape]
+        if self.stack.status:
+            argv.append("-status")
         for p in ports:
             argv += ["-port", p]
+        for v in valid:
+            argv += ["-valid", v]
         for a in args:
             argv += ["-arg", a]
         return self.run(argv)
@@ -190,7 +268,7 @@ class Sandbox:
                env: dict[str, str] | None = None, pre: str = "") -> tuple[int, dict | None, str]:
         """Invoke cni-reaper directly as a runtime would. Returns (exit status, stdout JSON or None, stderr)."""
         cni_env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
-                   "CNI_PATH": f"{self.plugin_dir}:{REFERENCE_PLUGINS}"}
+                   "CNI_PATH": f"{self.plugin_dir}:{self.plugins}"}
         cni_env.update(env or {})
         cni_env = {k: v for k, v in cni_env.items() if v is not None}
         stdin = conf if isinstance(conf, str) else json.dumps(conf)

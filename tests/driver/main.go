@@ -1,7 +1,15 @@
 // reaperdriver runs one CNI operation through containerd's go-cni (over libcni), the runtime library Nomad
 // uses, so that tests exercise cni-reaper exactly the way a Nomad client invokes it.
 //
-//	reaperdriver -conflist F -plugindir D1:D2 -op add|del|check -id X -netns PATH [-port 8080:80/tcp]... [-arg K=V]...
+//	reaperdriver -conflist F -plugindir D1:D2 -op add|del|check|status|gc -id X -netns PATH
+//	             [-port 8080:80/tcp]... [-ports omit|null|empty] [-arg K=V]... [-status] [-valid ID:IFNAME]...
+//
+// It builds against two runtimes: Debian 12's go-cni 1.1.7 over libcni 1.1.2 (what Nomad up to 1.9.4 links)
+// and, with the build tag libcni13, go-cni 1.1.13 over libcni 1.3 (Nomad 1.9.5 and later), which sends CNI
+// STATUS and can GC. With -status it calls go-cni's Status() before the operation, as Nomad 1.9.5+ does
+// before every Setup and Teardown (for a conflist at 1.1.0 that is a CNI STATUS to every plugin, and a
+// failure stops the operation). Without ports, -ports says how Nomad's releases pass the capability:
+// omit (not at all), null (a nil slice: Nomad 1.7 and earlier) or empty (Nomad 1.8 and later).
 //
 // On success it prints the go-cni result (add) as JSON and exits 0; on failure it prints the error on
 // stderr and exits 1.
@@ -49,12 +57,15 @@ func parsePort(spec string) (gocni.PortMapping, error) {
 func main() {
 	conflist := flag.String("conflist", "", "conflist file")
 	pluginDirs := flag.String("plugindir", "/opt/cni/bin", "colon-separated plugin directories")
-	op := flag.String("op", "add", "add, del or check")
+	op := flag.String("op", "add", "add, del, check, status or gc")
+	withStatus := flag.Bool("status", false, "call Status() first, as Nomad 1.9.5+ does")
+	portsShape := flag.String("ports", "omit", "without -port: omit, null or empty")
 	id := flag.String("id", "", "container ID")
 	netns := flag.String("netns", "", "netns path")
-	var ports, args multi
+	var ports, args, valid multi
 	flag.Var(&ports, "port", "HOST:CONTAINER[/proto], repeatable")
 	flag.Var(&args, "arg", "K=V CNI_ARGS entry, repeatable")
+	flag.Var(&valid, "valid", "ID:IFNAME of a valid attachment (gc), repeatable")
 	flag.Parse()
 
 	lib, err := gocni.New(gocni.WithPluginDir(strings.Split(*pluginDirs, ":")), gocni.WithInterfacePrefix("eth"))
@@ -75,6 +86,17 @@ func main() {
 			pms = append(pms, pm)
 		}
 		opts = append(opts, gocni.WithCapabilityPortMap(pms))
+	} else {
+		switch *portsShape {
+		case "null":
+			var none []gocni.PortMapping // marshalled as null
+			opts = append(opts, gocni.WithCapabilityPortMap(none))
+		case "empty":
+			opts = append(opts, gocni.WithCapabilityPortMap([]gocni.PortMapping{}))
+		case "omit":
+		default:
+			fail(fmt.Errorf("unknown -ports %q", *portsShape))
+		}
 	}
 	for _, a := range args {
 		kv := strings.SplitN(a, "=", 2)
@@ -83,7 +105,17 @@ func main() {
 		}
 	}
 	ctx := context.Background()
+	if *withStatus || *op == "status" {
+		if err := lib.Status(); err != nil {
+			fail(fmt.Errorf("status: %w", err))
+		}
+	}
 	switch *op {
+	case "status":
+	case "gc":
+		if err := gc(ctx, *conflist, strings.Split(*pluginDirs, ":"), valid); err != nil {
+			fail(err)
+		}
 	case "add":
 		res, err := lib.Setup(ctx, *id, *netns, opts...)
 		if err != nil {

@@ -11,6 +11,12 @@ from sandbox import unique
 pytestmark = pytest.mark.netns
 
 
+@pytest.fixture
+def stack(two_stacks):
+    """cni-reaper's own machinery: the oldest and the newest stack suffice."""
+    return two_stacks
+
+
 def cli(sb, *args):
     return sb.run([str(sb.plugin_dir / "cni-reaper"), *args])
 

@@ -19,6 +19,12 @@ from sandbox import unique
 from cni_reaper.record import problem as record_problem
 
 pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def stack(two_stacks):
+    """cni-reaper's own machinery: the oldest and the newest stack suffice."""
+    return two_stacks
 ROUNDS = int(os.environ.get("CNI_REAPER_CONCURRENCY_ROUNDS", "2"))
 ALLOCS = 32
 WORKERS = 8

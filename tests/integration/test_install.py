@@ -10,7 +10,7 @@ from pathlib import Path
 import hcl2
 import pytest
 
-from sandbox import REPO
+from sandbox import REPO, reference_plugins
 
 INSTALL = REPO / "scripts" / "install.sh"
 
@@ -102,3 +102,39 @@ def test_every_shipped_conflist_ends_with_cni_reaper_declaring_port_mappings():
         last = conf["plugins"][-1]
         assert last["type"] == "cni-reaper", path
         assert last.get("capabilities", {}).get("portMappings") is True, path
+
+
+@pytest.mark.parametrize("plugins,form", [("1.1.1", "1.0.0"), ("1.9", "1.1.0")])
+def test_install_picks_the_conflist_form_the_installed_plugins_speak(tmp_path, plugins, form):
+    """Plugins 1.6+ speak CNI 1.1.0 (and so get STATUS from Nomad 1.9.5+); Debian 12's 1.1.1 do not."""
+    bundle = os.environ.get("CNI_REAPER_BIN", str(REPO / "dist" / "cni-reaper" / "cni-reaper"))
+    if not os.access(bundle, os.X_OK):
+        pytest.skip("no built binary (scripts/build.sh)")
+    root = tmp_path / "root"
+    bindir = root / "opt" / "cni" / "bin"
+    bindir.mkdir(parents=True)
+    if plugins != "1.1.1":  # the downloaded release in /opt/cni/bin, as Nomad's docs install it
+        try:
+            source = reference_plugins(plugins)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+        for plugin in source.iterdir():
+            (bindir / plugin.name).symlink_to(plugin)
+    for name in ("nomad-reaper.conflist", "nomad-reaper-dualstack.conflist"):
+        proc = run("--prefix", str(root), "--bundle", os.path.dirname(bundle), "--conflist", str(REPO / "conflist" / name))
+        assert f"conflist {name} in its CNI {form} form" in proc.stdout, proc.stdout
+        installed = json.loads((root / "opt" / "cni" / "config" / name).read_text())
+        assert installed["cniVersion"] == form
+    forced = run("--prefix", str(root), "--bundle", os.path.dirname(bundle), "--cni-version", "1.0.0", "--force")
+    assert "asked for with --cni-version" in forced.stdout
+    assert json.loads((root / "opt" / "cni" / "config" / "nomad-reaper.conflist").read_text())["cniVersion"] == "1.0.0"
+    run("--prefix", str(root), "--uninstall")  # both conflists go, the plugins stay
+    assert sorted(p.name for p in root.rglob("*")) == sorted(["opt", "cni", "bin"] + [p.name for p in bindir.iterdir()])
+
+
+def test_the_two_forms_of_each_shipped_conflist_differ_only_in_their_version():
+    for new in (REPO / "conflist" / "1.1.0").glob("*.conflist"):
+        old = json.loads((REPO / "conflist" / new.name).read_text())
+        new_doc = json.loads(new.read_text())
+        assert (old.pop("cniVersion"), new_doc.pop("cniVersion")) == ("1.0.0", "1.1.0")
+        assert old == new_doc, new.name

@@ -1,0 +1,152 @@
+"""Nomad 1.9.5+'s restart path (issue), through the runtime Nomad links today: go-cni 1.1.13 over libcni 1.3,
+with the reference plugins 1.9.x and the shipped conflists at CNI 1.1.0. Nomad calls Status() before every
+Setup and Teardown, sends CHECK on client restart, and after a failed CHECK destroys the allocation's netns
+and runs ADD again at the same path, with no DEL in between."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import open_sandbox
+from sandbox import Stack, sh, unique
+
+pytestmark = pytest.mark.netns
+NOMAD = Stack("1.9", "go-cni-1.1.13")
+PORTS = ("8080:80/tcp", "8080:80/udp")
+
+
+@pytest.fixture
+def nomad(tmp_path, flavour, reaper_exe):
+    with open_sandbox(tmp_path, flavour, reaper_exe, NOMAD) as sb:
+        assert json.loads(sb.conflist().read_text())["cniVersion"] == "1.1.0"
+        yield sb
+
+
+def ips_of(proc) -> list[str]:
+    assert proc.returncode == 0, proc.stderr
+    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
+
+
+def reach(sb, netns, port, reply) -> str:
+    server = sb.serve(netns, 80, reply)
+    try:
+        deadline = time.monotonic() + 10
+        answer = ""
+        while time.monotonic() < deadline:
+            answer = sb.connect("172.26.64.1", port)
+            if not answer.startswith("refused"):
+                break
+            time.sleep(0.2)
+        return answer
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_check_on_restore_passes_for_a_live_allocation(nomad):
+    """No needless recreate: CHECK of a live allocation with a healthy record succeeds, ports and all."""
+    cid = unique("alloc-")
+    netns = nomad.container()
+    ips_of(nomad.driver("add", cid, netns, PORTS))
+    before = nomad.tables()
+    check = nomad.driver("check", cid, netns, PORTS)
+    assert check.returncode == 0, check.stderr
+    assert nomad.tables() == before and nomad.record(cid)["deleted"] is None
+
+
+def test_recreate_after_a_failed_check_succeeds_and_leaves_nothing_of_the_old_life(nomad):
+    """ADD A; Nomad destroys A's netns and makes a new one at the same path (after a failed CHECK); its
+    Status() reaches cni-reaper, whose sweep sees another namespace at the recorded path and releases the old
+    life; the re-ADD succeeds and a real TCP connection to A's host port reaches the new life."""
+    cid = unique("alloc-")
+    netns = nomad.container()
+    old_ips = ips_of(nomad.driver("add", cid, netns, PORTS))
+    name = netns.rsplit("/", 1)[1]
+    sh("ip", "netns", "del", name)
+    sh("ip", "netns", "add", name)
+    readd = nomad.driver("add", cid, netns, PORTS)
+    new_ips = ips_of(readd)
+    record = nomad.record(cid)
+    assert record["current"]["netnsId"]["ino"] != 0 and record["earlier"] == []
+    gone = [ip for ip in old_ips if ip not in new_ips]
+    leftovers = [l for l in nomad.residue("nomad-reaper", cid, gone) if any(f"{ip}/" in l or f"{ip}:" in l for ip in gone)]
+    assert leftovers == [], leftovers
+    assert reach(nomad, netns, 8080, "second life") == "second life"
+    final = nomad.driver("del", cid, netns, PORTS)
+    assert final.returncode == 0, final.stderr
+    assert nomad.residue("nomad-reaper", cid, old_ips + new_ips) == []
+
+
+def test_without_cni_reaper_the_recreate_is_refused(nomad):
+    """The failure cni-reaper removes, measured with the same stack: the old life's reservation makes
+    host-local refuse the re-ADD, and bridge leaves the veth behind so that every retry fails too."""
+    plain = nomad.conflist(without_reaper=True)
+    cid = unique("alloc-")
+    netns = nomad.container()
+    ips_of(nomad.driver("add", cid, netns, PORTS, plain))
+    name = netns.rsplit("/", 1)[1]
+    sh("ip", "netns", "del", name)
+    sh("ip", "netns", "add", name)
+    first = nomad.driver("add", cid, netns, PORTS, plain)
+    assert first.returncode != 0 and "duplicate allocation" in first.stderr
+    retry = nomad.driver("add", cid, netns, PORTS, plain)
+    assert retry.returncode != 0
+
+
+HIDE_IPTABLES = "for b in /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi; do mount --bind /dev/null $b; done"
+
+
+def test_a_clean_up_that_cannot_run_does_not_fail_status_and_so_not_the_del(nomad):
+    """A failed STATUS makes Nomad skip the whole DEL. With iptables broken, cni-reaper's clean-up fails and is
+    logged, STATUS (called by the runtime before the DEL) still succeeds, and the DEL of the chain goes on."""
+    dead, live = unique("alloc-"), unique("alloc-")
+    dead_ns, live_ns = nomad.container(), nomad.container()
+    dead_ips = ips_of(nomad.driver("add", dead, dead_ns, PORTS))
+    ips_of(nomad.driver("add", live, live_ns, ("9090:90/tcp",)))
+    nomad.remove_container(dead_ns)
+    argv = [nomad.driver_bin, "-conflist", str(nomad.conflist()), "-plugindir", f"{nomad.plugin_dir}:{nomad.plugins}",
+            "-op", "status"]
+    status = nomad.run(argv, pre=HIDE_IPTABLES)
+    assert status.returncode == 0, status.stderr
+    assert "clean-up failed; will retry on a later call" in nomad.log_file.read_text()
+    assert nomad.residue("nomad-reaper", dead, dead_ips)  # nothing could be removed yet
+    assert nomad.driver("status").returncode == 0  # iptables back: the next call cleans
+    assert nomad.residue("nomad-reaper", dead, dead_ips) == []
+
+
+def test_an_unusable_state_directory_fails_status_with_the_reason(nomad):
+    """The one case where an ADD could not be served: STATUS says so, with the reason and code 50."""
+    conflist = nomad.conflist(stateDir=str(nomad.root / "not-a-dir"))
+    (nomad.root / "not-a-dir").write_text("")
+    status = nomad.driver("status", conflist=conflist)
+    assert status.returncode != 0
+    assert "cni-reaper cannot serve ADD" in status.stderr and "not-a-dir is not a directory" in status.stderr
+    rc, out, _ = nomad.status(stateDir=str(nomad.root / "not-a-dir"))
+    assert rc == 1 and out["code"] == 50 and "stateDir" in out["details"]
+
+
+def test_gc_through_libcni_leaves_nothing_of_invalid_attachments_and_changes_no_valid_one(nomad):
+    """libcni 1.3's GCNetworkList: a DEL for each cached attachment that is not valid, then GC to every plugin.
+    cni-reaper's GC also removes what libcni has no cache entry for: a leak from before cni-reaper was
+    installed (the plain chain's DEL after the netns was gone: it succeeded, so libcni dropped its entry, and
+    bridge left the masquerade rules)."""
+    keep, invalid, early = unique("alloc-"), unique("alloc-"), unique("alloc-")
+    ns = {c: nomad.container() for c in (keep, invalid, early)}
+    ips = {keep: ips_of(nomad.driver("add", keep, ns[keep], ("8080:80/tcp",))),
+           invalid: ips_of(nomad.driver("add", invalid, ns[invalid], ("8081:80/tcp",)))}
+    plain = nomad.conflist(without_reaper=True)
+    ips[early] = ips_of(nomad.driver("add", early, ns[early], ("8082:80/tcp",), plain))
+    nomad.remove_container(ns[early])
+    assert nomad.driver("del", early, ns[early], ("8082:80/tcp",), plain).returncode == 0
+    assert not (nomad.cni_dir / "results" / f"nomad-reaper-{early}-eth0").exists()
+    assert nomad.residue("nomad-reaper", early, ips[early]), "the plain chain's DEL leaked nothing?"
+    kept = nomad.residue("nomad-reaper", keep, ips[keep])
+
+    gc = nomad.driver("gc", valid=(f"{keep}:eth0",))
+    assert gc.returncode == 0, gc.stderr
+    assert nomad.residue("nomad-reaper", invalid, ips[invalid]) == []
+    assert nomad.residue("nomad-reaper", early, ips[early]) == []
+    assert nomad.residue("nomad-reaper", keep, ips[keep]) == kept
+    assert [r["containerID"] for r in nomad.records()] == [keep]
