@@ -104,12 +104,24 @@ def cmd_list(args) -> int:
         return EXIT_OK
     if not items:
         print(f"no records in {conf.stateDir}")
-        return EXIT_OK
-    rows = [("NETWORK", "CONTAINER ID", "IFNAME", "IPS", "PORTS", "NETNS", "STATE")]
-    rows += [(i["network"], i["containerID"], i["ifname"], ",".join(i["ips"]) or "-", ",".join(i["ports"]) or "-",
-              i["netns"] or "-", i["state"]) for i in items]
-    print(_table(rows))
+    else:
+        rows = [("NETWORK", "CONTAINER ID", "IFNAME", "IPS", "PORTS", "NETNS", "STATE")]
+        rows += [(i["network"], i["containerID"], i["ifname"], ",".join(i["ips"]) or "-",
+                  ",".join(i["ports"]) or "-", i["netns"] or "-", i["state"]) for i in items]
+        print(_table(rows))
+    print(backends_line(conf.backend))
     return EXIT_OK
+
+
+def backends_line(backend: str) -> str:
+    """Which iptables each family's clean-up uses (each follows its own tool, as the plugins do)."""
+    from . import flavour
+
+    parts = []
+    for family in (4, 6):
+        found, why = flavour.detect(backend, family=family)
+        parts.append(f"ipv{family} {found or 'none'} ({why})")
+    return "iptables: " + "; ".join(parts)
 
 
 def cache_entry_alive(path: str) -> bool:
@@ -180,9 +192,10 @@ def cmd_sweep(args) -> int:
         groups[f"{key[0]} {key[1]}" + (f" {key[2]}" if key[2] else "")] = items
     total = sum(len(v) for v in groups.values())
     errors = outcome.errors
+    backends = {f"ipv{f}": name for f, name in sorted(outcome.backends.items())}
     if args.json:
         print(json.dumps({"applied": args.apply, "attachments": groups, "count": total, "errors": errors,
-                          "skipped": outcome.skipped}, indent=1))
+                          "skipped": outcome.skipped, "backends": backends}, indent=1))
     else:
         verb = "removed" if args.apply else "would remove"
         for owner, items in groups.items():
@@ -193,6 +206,8 @@ def cmd_sweep(args) -> int:
             print(f"error: {err}", file=sys.stderr)
         print(f"{total} item(s) of {len(groups)} attachment(s) {verb}" +
               ("" if args.apply or not total else "; run again with --apply to remove them"))
+        if backends:
+            print("backends: " + ", ".join(f"{f} {n}" for f, n in backends.items()))
     if errors:
         return EXIT_LEFT if args.apply else EXIT_ERROR
     if not args.apply and total:

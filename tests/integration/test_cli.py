@@ -44,6 +44,7 @@ def test_list_and_sweep_as_an_operator_would(sandbox):
     assert states == {live: "live", dead: "dead"}
     table = cli(sandbox, "list").stdout
     assert table.splitlines()[0].split()[:3] == ["NETWORK", "CONTAINER", "ID"] and dead in table
+    assert f"iptables: ipv4 {sandbox.flavour} (" in table and f"ipv6 {sandbox.flavour} (" in table
 
     live_rules = sandbox.residue("nomad-reaper", live, ips[live])
     before = sandbox.tables()
@@ -51,6 +52,8 @@ def test_list_and_sweep_as_an_operator_would(sandbox):
     assert dry.returncode == 3, dry.stdout + dry.stderr
     assert dead in dry.stdout and "would remove" in dry.stdout and orphan not in dry.stdout
     assert "masquerade chain" in dry.stdout and f"host-local reservation nomad-reaper/{ips[dead][0]}" in dry.stdout
+    backend = "python-iptables" if sandbox.flavour == "legacy" else "iptables-nft-restore"
+    assert f"backends: ipv4 {backend}" in dry.stdout
     assert sandbox.tables() == before, "a dry run changed the tables"
     assert dead in sandbox.reservations("nomad-reaper").values()
     dry_orphans = json.loads(cli(sandbox, "sweep", "--orphans", "--json").stdout)
