@@ -18,11 +18,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "plugin"))
 
-from artifacts import ip_of, leak, restore_text, write_records, write_reservations  # noqa: E402
-from sandbox import Sandbox, build_driver, unique  # noqa: E402
+from testkit.artifacts import ip_of, leak, restore_text, write_records, write_reservations
+from testkit.sandbox import Sandbox, build_driver, unique
 
 BINARY = REPO / "dist" / "cni-reaper" / "cni-reaper"
 FLOOR = REPO / "dist" / "floor" / "floor"

@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || scripts/setup.sh
 scripts/build.sh >/dev/null
 .venv/bin/python -m PyInstaller --noconfirm --log-level ERROR --distpath dist --workpath build/work build/floor.spec >/dev/null
-exec .venv/bin/python scripts/bench.py "$@"
+PYTHONPATH="$PWD/tests" exec .venv/bin/python scripts/bench.py "$@"  # the helper package tests/testkit

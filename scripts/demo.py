@@ -13,9 +13,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
 
-from sandbox import Sandbox, build_driver  # noqa: E402
+from testkit.sandbox import Sandbox, build_driver
 
 
 def say(text: str) -> None:

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-exec .venv/bin/python scripts/demo.py
+PYTHONPATH="$PWD/tests" exec .venv/bin/python scripts/demo.py  # the helper package tests/testkit

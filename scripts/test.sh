@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Set up, build the standalone binary, and run the whole test suite (as root: tests make network namespaces).
+# Set up, lint and type-check, build the standalone binary, and run the whole test suite (as root: tests make
+# network namespaces).
 # Extra arguments go to pytest, e.g. scripts/test.sh -k runtime -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+echo "test.sh: ruff (lint) and mypy (types)"
+.venv/bin/ruff check plugin tests scripts build
+.venv/bin/mypy
 scripts/build.sh
 exec .venv/bin/python -m pytest -ra "$@"

@@ -4,13 +4,10 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sandbox import DEBIAN12, STACKS, Sandbox, binary_exe, build_driver, needs_root  # noqa: E402
+from testkit.sandbox import DEBIAN12, STACKS, binary_exe, driver_for, open_sandbox
 
 FLAVOURS = ("nft", "legacy")
 
@@ -31,19 +28,6 @@ def host_tables_untouched():
     before = _host_cni_lines()
     yield
     assert _host_cni_lines() == before, "a test changed the machine's own netfilter tables"
-
-
-_drivers: dict[str, str] = {}
-
-
-def driver_for(runtime: str) -> str:
-    """The go-cni driver for a runtime, built once per session; a build or fetch failure fails the test."""
-    if runtime not in _drivers:
-        try:
-            _drivers[runtime] = build_driver(runtime)
-        except RuntimeError as exc:
-            pytest.fail(str(exc))
-    return _drivers[runtime]
 
 
 @pytest.fixture(scope="session")
@@ -87,14 +71,6 @@ def package_exe() -> str:
 @pytest.fixture(params=FLAVOURS)
 def flavour(request) -> str:
     return request.param
-
-
-def open_sandbox(tmp_path, flavour, exe, stack=DEBIAN12) -> Sandbox:
-    needs_root()
-    try:
-        return Sandbox(tmp_path, flavour, exe, driver_for(stack.runtime), stack)
-    except RuntimeError as exc:  # the 1.9.x plugins could not be fetched: fail, never skip silently
-        pytest.fail(str(exc))
 
 
 @pytest.fixture

@@ -16,9 +16,13 @@ import json
 import os
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 from . import PLUGIN_NAME, __version__, log
+from .conf import DEFAULT_CNI_CACHE_DIR, DEFAULT_IPAM_DATA_DIR, DEFAULT_LOCK_TIMEOUT, DEFAULT_LOG_FILE, DEFAULT_STATE_DIR
 from .errors import CniError
-from .conf import DEFAULT_CNI_CACHE_DIR, DEFAULT_IPAM_DATA_DIR, DEFAULT_STATE_DIR
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_LEFT = 0, 1, 2, 3, 4
 
@@ -50,23 +54,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--network", help="only this network")
     p.add_argument("--ipam-data-dir", default=DEFAULT_IPAM_DATA_DIR, help="host-local's dataDir (ipamDataDir)")
     p.add_argument("--backend", choices=("auto", "nft", "legacy"), default="auto")
-    p.add_argument("--log-file", default=log.DEFAULT_LOG_FILE, help='where --apply logs what it removed ("" for none)')
-    p.add_argument("--lock-timeout", type=float, default=10.0, help="seconds to wait for the state lock")
+    p.add_argument("--log-file", default=DEFAULT_LOG_FILE, help='where --apply logs what it removed ("" for none)')
+    p.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT, help="seconds to wait for the state lock")
     sub.add_parser("version", help="print the version")
     return top
 
 
 def _conf(args, network: str = "cli"):
-    from .models import PluginConf
+    """The flags as the configuration the verbs use (conf.Conf), parsed by the same rules."""
+    from .conf import parse
 
-    return PluginConf(name=network, stateDir=os.path.abspath(args.state_dir),
-                      cniCacheDir=os.path.abspath(args.cni_cache_dir),
-                      ipamDataDir=os.path.abspath(getattr(args, "ipam_data_dir", DEFAULT_IPAM_DATA_DIR)),
-                      backend=getattr(args, "backend", "auto"), lockTimeout=getattr(args, "lock_timeout", 10.0),
-                      logFile=getattr(args, "log_file", "") or "")
+    conf = parse({"name": network, "stateDir": os.path.abspath(args.state_dir),
+                  "cniCacheDir": os.path.abspath(args.cni_cache_dir),
+                  "ipamDataDir": os.path.abspath(getattr(args, "ipam_data_dir", DEFAULT_IPAM_DATA_DIR)),
+                  "backend": getattr(args, "backend", "auto"), "lockTimeout": getattr(args, "lock_timeout", 10.0),
+                  "logFile": getattr(args, "log_file", "") or ""})
+    for warning in conf.warnings:
+        print(f"{PLUGIN_NAME}: {warning}", file=sys.stderr)
+    return conf
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -76,8 +84,8 @@ STATE_WORDS = {"live": "live", "dead": "dead", "tombstone-done": "torn down", "t
 
 
 def cmd_list(args) -> int:
+    from .states import classify
     from .store import Store
-    from .sweep import classify
 
     conf = _conf(args)
     if not os.path.isdir(conf.stateDir):
@@ -124,69 +132,33 @@ def backends_line(backend: str) -> str:
     return "iptables: " + "; ".join(parts)
 
 
-def cache_entry_alive(path: str) -> bool:
-    """A libcni cache entry is alive while a sandbox (netns) of its cached result is a live namespace.
-    An entry that cannot be read counts as alive: when in doubt, leave it."""
-    from . import netns
+def _orphans(conf, records, only_network):
+    """Tagged attachments with no record whose libcni cache entry names no live netns."""
+    from .sweep import cache_entry_alive, orphan_targets
 
-    try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read(1 << 20))
-        result = data.get("result") or {}
-        if isinstance(result, str):
-            result = json.loads(result)
-        sandboxes = [i.get("sandbox") for i in result.get("interfaces", []) if isinstance(i, dict) and i.get("sandbox")]
-    except (OSError, ValueError, AttributeError):
-        return True
-    return not sandboxes or any(netns.identity(s) is not None for s in sandboxes)
-
-
-def orphan_targets(conf, records, only_network: str | None):
-    """Containers with tagged rules for some network, with no record and no libcni cache entry."""
-    from .plan import Target
-    from .reconcile import tagged_in_tables
-
-    recorded = {(r["network"], r["containerID"]) for r in records}
-    found = tagged_in_tables(conf.backend)
-    results = os.path.join(conf.cniCacheDir, "results")
-    try:
-        cached = os.listdir(results)
-    except OSError:
-        cached = []
-    targets = []
-    for (network, cid), ips in sorted(found.items()):
-        if only_network and network != only_network or (network, cid) in recorded:
-            continue
-        entries = [os.path.join(results, n) for n in cached if n.startswith(f"{network}-{cid}-")]
-        if any(cache_entry_alive(e) for e in entries):
-            continue  # libcni knows it and its netns is alive: a runtime still uses it
-        targets.append(Target(network, cid, "", frozenset(ips), whole=True, any_source=True, reason="orphan"))
-    return targets
+    return orphan_targets(conf, {(r["network"], r["containerID"]) for r in records},
+                          lambda network, cid: cache_entry_alive(conf.cniCacheDir, network, cid), only_network)
 
 
 def cmd_sweep(args) -> int:
-    from .reconcile import clean, sweep
     from .store import Store
+    from .sweep import sweep
 
     conf = _conf(args, args.network or "cli")
-    if args.apply:
-        log.configure(conf.logFile, stderr=False)
-        log.bind(verb="sweep")
-    else:
-        log.configure(None, stderr=False)
+    log.begin(conf.logFile if args.apply else None, stderr=False, verb="sweep")
     if os.path.isdir(conf.stateDir):
         store = Store(conf.stateDir, conf.lockTimeout).open(create=False)
         try:
             with store.locked():
                 records = list(store.records())
-                extra = orphan_targets(conf, records, args.network) if args.orphans else []
-                outcome = sweep(store, conf, extra=extra, records=records, dry_run=not args.apply,
+                extra = _orphans(conf, records, args.network) if args.orphans else []
+                outcome = sweep(store, conf, records=records, extra=extra, dry_run=not args.apply,
                                 only_network=args.network)
         finally:
             store.close()
     else:  # no records at all: only orphans can be found
-        extra = orphan_targets(conf, [], args.network) if args.orphans else []
-        outcome = clean(extra, [], conf, dry_run=not args.apply)
+        outcome = sweep(None, conf, extra=_orphans(conf, [], args.network) if args.orphans else [],
+                        dry_run=not args.apply)
     groups = {}
     for key, items in outcome.removed.items():
         groups[f"{key[0]} {key[1]}" + (f" {key[2]}" if key[2] else "")] = items
@@ -228,6 +200,6 @@ def main(argv: list[str]) -> int:
     except CniError as err:
         print(f"{PLUGIN_NAME}: {err.msg}" + (f" ({err.details})" if err.details else ""), file=sys.stderr)
         return EXIT_ERROR
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - an operator gets one line, never a traceback
         print(f"{PLUGIN_NAME}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -61,7 +61,7 @@ def path_problem(v: Any, key: str) -> str | None:
 
 
 class PortMapping:
-    __slots__ = ("hostPort", "containerPort", "protocol", "hostIP")
+    __slots__ = ("containerPort", "hostIP", "hostPort", "protocol")
 
     def __init__(self, hostPort: int, containerPort: int, protocol: str = "tcp", hostIP: str = "") -> None:
         self.hostPort, self.containerPort, self.protocol, self.hostIP = hostPort, containerPort, protocol, hostIP
@@ -122,8 +122,36 @@ class Conf:
     """What models.PluginConf holds (runtimeConfig.portMappings as `portMappings`), plus `warnings`: what
     was not usable, for the verb to log."""
 
-    __slots__ = ("cniVersion", "cniVersions", "name", "type", "stateDir", "ipamDataDir", "cniCacheDir", "backend",
-                 "lockTimeout", "logFile", "prevResult", "portMappings", "portMappingsDeclared", "warnings")
+    __slots__ = (
+        "backend",
+        "cniCacheDir",
+        "cniVersion",
+        "cniVersions",
+        "ipamDataDir",
+        "lockTimeout",
+        "logFile",
+        "name",
+        "portMappings",
+        "portMappingsDeclared",
+        "prevResult",
+        "stateDir",
+        "type",
+        "warnings",
+    )
+    backend: str
+    cniCacheDir: str
+    cniVersion: str | None
+    cniVersions: list[str] | None
+    ipamDataDir: str
+    lockTimeout: float
+    logFile: str
+    name: str
+    portMappings: list[PortMapping]
+    portMappingsDeclared: bool
+    prevResult: dict[str, Any] | None
+    stateDir: str | None  # None only for a DEL that goes on without one
+    type: str
+    warnings: list[str]
 
     def __init__(self, **kw: Any) -> None:
         for k in self.__slots__:

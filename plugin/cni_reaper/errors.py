@@ -12,9 +12,7 @@ INVALID_CONFIG = 7
 TRY_AGAIN_LATER = 11
 STATUS_NOT_AVAILABLE = 50
 STATUS_LIMITED = 51
-# 100+ are free for plugin-specific errors.
-NETNS_MISMATCH = 100
-INTERNAL = 999
+INTERNAL = 999  # what skel reports for an error that is not a CNI error: only for a bug in cni-reaper
 
 
 class CniError(Exception):

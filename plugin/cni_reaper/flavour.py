@@ -13,7 +13,8 @@ import os
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
 if TYPE_CHECKING:
-    from typing import Literal, Mapping
+    from collections.abc import Mapping
+    from typing import Literal
 
     Flavour = Literal["nft", "legacy"]
 
@@ -38,7 +39,7 @@ def which(name: str, env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-def classify(binary: str) -> Flavour | None:
+def flavour_of(binary: str) -> Flavour | None:
     target = os.path.basename(os.path.realpath(binary))
     if "nft" in target:
         return "nft"
@@ -62,7 +63,7 @@ def detect(backend: str = "auto", env: Mapping[str, str] | None = None, family: 
     found = which(tool(family), env)
     if not found:
         return None, f"no {tool(family)} on PATH (install the iptables package)"
-    flavour = classify(found)
+    flavour = flavour_of(found)
     if flavour is None:
         # An iptables that is neither multi binary: an old legacy-only build.
         return "legacy", f"{found} is not an xtables multi binary; assuming legacy"

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
 if TYPE_CHECKING:
-    from typing import Any, Iterable
+    from collections.abc import Iterable
+    from typing import Any
 
 _NON_ASCII_FOLDS = {0x17F: "s", 0x212A: "k"}
 _tables: dict[tuple[str, ...], dict[str, str]] = {}

@@ -53,7 +53,8 @@ class NetworkDir:
         try:
             lfd = os.open(LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
         except OSError as exc:
-            raise CniError(TRY_AGAIN_LATER, f"cannot open host-local lock of network {self.network}: {exc.strerror}") from None
+            raise CniError(TRY_AGAIN_LATER,
+                           f"cannot open host-local lock of network {self.network}: {exc.strerror}") from None
         try:
             if not flock_within(lfd, timeout):
                 raise CniError(TRY_AGAIN_LATER, f"host-local's lock of network {self.network} is held",

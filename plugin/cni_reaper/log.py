@@ -12,21 +12,22 @@ import os
 import sys
 import time
 
-DEFAULT_LOG_FILE = "/var/log/cni-reaper.log"
 MAX_BYTES = 10 << 20
 
 _context: dict[str, str] = {}
-_settings = {"file": "", "stderr": True, "min_stderr": "info"}
+_settings: dict[str, Any] = {"file": "", "stderr": True}
 _LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
+if TYPE_CHECKING:
+    from typing import Any
 
 
-def configure(log_file: str | None = None, stderr: bool = True, min_stderr: str = "info") -> None:
-    _settings.update(file=log_file or "", stderr=stderr, min_stderr=min_stderr)
-
-
-def bind(**fields: str) -> None:
-    """Fields added to every later line (verb, network, container ID)."""
-    _context.update({k: v for k, v in fields.items() if v})
+def begin(log_file: str | None = None, stderr: bool = True, **context: str) -> None:
+    """Start one invocation's log: where lines go, and the fields every line of it carries (verb, network,
+    container ID). Nothing of an earlier invocation in the same process carries over."""
+    _settings.update(file=log_file or "", stderr=stderr)
+    _context.clear()
+    _context.update({k: v for k, v in context.items() if v})
 
 
 def _to_file(path: str, line: str) -> None:
@@ -51,13 +52,14 @@ def _to_file(path: str, line: str) -> None:
 
 def event(level: str, msg: str, **fields: object) -> None:
     try:
-        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": level, "msg": msg}
+        entry: dict[str, object] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": level,
+                                    "msg": msg}
         entry.update(_context)
         entry.update(fields)
         line = json.dumps(entry, default=str) + "\n"
         if _settings["file"]:
             _to_file(_settings["file"], line)
-        if _settings["stderr"] and _LEVELS.get(level, 1) >= _LEVELS[_settings["min_stderr"]]:
+        if _settings["stderr"] and _LEVELS.get(level, 1) >= _LEVELS["info"]:
             sys.stderr.write(line)
             sys.stderr.flush()
     except Exception:  # noqa: BLE001 - logging must never fail a verb

@@ -11,20 +11,38 @@ The CLI and the tests use these models directly.
 from __future__ import annotations
 
 import ipaddress
+import re
 from datetime import datetime
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
-from .conf import (BACKENDS, DEFAULT_CNI_CACHE_DIR, DEFAULT_IPAM_DATA_DIR, DEFAULT_LOCK_TIMEOUT, DEFAULT_LOG_FILE,
-                   DEFAULT_STATE_DIR, MAX_LOCK_TIMEOUT, MAX_PATH, PORT_FIELDS, RUNTIME_FIELDS, TOP_FIELDS,
-                   TOP_RESETTABLE)
+from .conf import (
+    DEFAULT_CNI_CACHE_DIR,
+    DEFAULT_IPAM_DATA_DIR,
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_LOG_FILE,
+    DEFAULT_STATE_DIR,
+    MAX_LOCK_TIMEOUT,
+    MAX_PATH,
+    PORT_FIELDS,
+    RUNTIME_FIELDS,
+    TOP_FIELDS,
+    TOP_RESETTABLE,
+)
 from .gojson import pick
+from .record import MAX_EARLIER as MAX_EARLIER_INCARNATIONS
+from .record import SCHEMA as RECORD_SCHEMA
 from .result import IFACE_FIELDS, IP_FIELDS, IP_RESETTABLE, OLD_IP_FIELDS, OLD_VERSIONS, RESULT_FIELDS, RESULT_RESETTABLE
 
-RECORD_SCHEMA = 1
-MAX_EARLIER_INCARNATIONS = 16
 # These models run on Python 3.9 too (the release is built on Debian 11): typing's Optional/List, not `X | None`.
 
 
@@ -40,16 +58,21 @@ def _ip(text: str) -> Union[ipaddress.IPv4Address, ipaddress.IPv6Address]:
     return ipaddress.ip_address(text)
 
 
-def _go_object(names: tuple, resettable: tuple = ()):
-    """A before-validator: the object's keys decoded as Go's encoding/json decodes them into a struct."""
+class GoStruct(BaseModel):
+    """A model of an object the reference plugins decode into a Go struct: before validation, its keys are
+    matched to the fields as Go's encoding/json matches them (gojson.pick). `go_fields` names the fields,
+    `go_resettable` those of slice, map or pointer type (a later null resets them)."""
 
-    def decode(cls, v: Any) -> Any:
-        return pick(v, names, resettable) if isinstance(v, dict) else v
+    go_fields: ClassVar[Tuple[str, ...]] = ()
+    go_resettable: ClassVar[Tuple[str, ...]] = ()
 
-    return model_validator(mode="before")(classmethod(decode))
+    @model_validator(mode="before")
+    @classmethod
+    def _go_keys(cls, v: Any) -> Any:
+        return pick(v, cls.go_fields, cls.go_resettable) if isinstance(v, dict) else v
 
 
-class PortMapping(BaseModel):
+class PortMapping(GoStruct):
     """One entry of runtimeConfig.portMappings (the portMappings capability), usable as a port mapping.
     go-cni (containerd, Nomad) sends untagged struct fields ("HostPort", ...): keys match in any case."""
 
@@ -60,7 +83,7 @@ class PortMapping(BaseModel):
     protocol: Literal["tcp", "udp", "sctp"] = "tcp"
     hostIP: str = ""
 
-    _keys = _go_object(PORT_FIELDS)
+    go_fields = PORT_FIELDS
 
     @field_validator("protocol", mode="before")
     @classmethod
@@ -90,12 +113,12 @@ def _usable_entries(v: Any, handler: ValidatorFunctionWrapHandler) -> List[PortM
     return out
 
 
-class RuntimeConfig(BaseModel):
+class RuntimeConfig(GoStruct):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     portMappings: List[PortMapping] = Field(default_factory=list)
 
-    _keys = _go_object(RUNTIME_FIELDS, RUNTIME_FIELDS)
+    go_fields = go_resettable = RUNTIME_FIELDS
 
     @field_validator("portMappings", mode="wrap")
     @classmethod
@@ -115,7 +138,7 @@ def _fallback(default: Any):
     return classmethod(wrap)
 
 
-class PluginConf(BaseModel):
+class PluginConf(GoStruct):
     """The configuration a runtime hands this plugin on stdin (one entry of the conflist, completed by libcni).
     Keys are decoded as Go decodes them; cni-reaper's own keys fall back to their defaults when unusable,
     except `name` and `stateDir` (see conf.py)."""
@@ -136,7 +159,7 @@ class PluginConf(BaseModel):
     runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig)
     capabilities: Optional[Dict[str, Any]] = None
 
-    _keys = _go_object(TOP_FIELDS, TOP_RESETTABLE)
+    go_fields, go_resettable = TOP_FIELDS, TOP_RESETTABLE
 
     @field_validator("stateDir", "ipamDataDir", "cniCacheDir")
     @classmethod
@@ -187,7 +210,7 @@ def _go_cidr(text: str) -> Union[ipaddress.IPv4Interface, ipaddress.IPv6Interfac
     return ipaddress.ip_interface(f"{ip}/{int(prefix)}")
 
 
-class _IPConfig(BaseModel):
+class _IPConfig(GoStruct):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     gateway: Optional[str] = None
@@ -207,7 +230,7 @@ class ResultIP(_IPConfig):
     version: Optional[str] = None
     interface: Optional[int] = None
 
-    _keys = _go_object(IP_FIELDS, IP_RESETTABLE)
+    go_fields, go_resettable = IP_FIELDS, IP_RESETTABLE
 
     @field_validator("address")
     @classmethod
@@ -222,7 +245,7 @@ class OldIPConfig(_IPConfig):
 
     ip: Optional[str] = None
 
-    _keys = _go_object(OLD_IP_FIELDS)
+    go_fields = OLD_IP_FIELDS
 
     @field_validator("ip")
     @classmethod
@@ -232,7 +255,7 @@ class OldIPConfig(_IPConfig):
         return v
 
 
-class ResultInterface(BaseModel):
+class ResultInterface(GoStruct):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     name: str = ""
@@ -242,10 +265,10 @@ class ResultInterface(BaseModel):
     socketPath: str = ""
     pciID: str = ""
 
-    _keys = _go_object(IFACE_FIELDS)
+    go_fields = IFACE_FIELDS
 
 
-class PrevResult(BaseModel):
+class PrevResult(GoStruct):
     """The parts of a CNI result (0.1.0 to 1.1.0) this plugin reads; everything else is passed through untouched.
     Which parts are read depends on the result's version: `ip4`/`ip6` up to 0.2.0, `ips` from 0.3.0."""
 
@@ -257,10 +280,10 @@ class PrevResult(BaseModel):
     ip4: Optional[OldIPConfig] = None
     ip6: Optional[OldIPConfig] = None
 
-    _keys = _go_object(RESULT_FIELDS, RESULT_RESETTABLE)
+    go_fields, go_resettable = RESULT_FIELDS, RESULT_RESETTABLE
 
     @classmethod
-    def parse(cls, raw: Dict[str, Any], config_version: str) -> "PrevResult":
+    def parse(cls, raw: Dict[str, Any], config_version: str) -> PrevResult:
         """Validate the parts that the result's version (or, when it names none, the config's) says are read."""
         decoded = pick(raw, RESULT_FIELDS, RESULT_RESETTABLE)
         version = decoded.get("cniVersion") or config_version
@@ -297,16 +320,50 @@ class RecordedIP(BaseModel):
     family: Literal[4, 6]
 
 
+class RecordedPortMapping(BaseModel):
+    """A port mapping as a record keeps it: every field, the names spelled one way."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    hostPort: int = Field(ge=1, le=65535)
+    containerPort: int = Field(ge=1, le=65535)
+    protocol: Literal["tcp", "udp", "sctp"]
+    hostIP: str
+
+
+# Record times: ISO 8601, "T" between date and time, seconds, at most microseconds, UTC ("Z", "+00:00" or none).
+_RECORD_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-]00:00)?")
+
+
+def _record_time(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return v
+    if not isinstance(v, str) or not _RECORD_TIME.fullmatch(v):
+        raise ValueError("record times are written as YYYY-MM-DDTHH:MM:SS[.ffffff]Z")
+    return v
+
+
+def _utc(v: datetime) -> datetime:
+    """Times in records are UTC (written with Z); a naive time is read as UTC."""
+    offset = v.utcoffset()
+    if offset is not None and offset.total_seconds() != 0:
+        raise ValueError("record times must be in UTC")
+    return v
+
+
 class Incarnation(BaseModel):
     """One life of an attachment: what one ADD set up."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     netns: str
-    netnsId: Optional[NetnsId] = None
-    ips: List[RecordedIP] = Field(default_factory=list)
-    portMappings: List[PortMapping] = Field(default_factory=list)
-    createdAt: datetime
+    netnsId: Optional[NetnsId]
+    ips: List[RecordedIP]
+    portMappings: List[RecordedPortMapping]
+    createdAt: datetime = Field(strict=False)  # a string of the format below, once _record_time has checked it
+
+    _format = field_validator("createdAt", mode="before")(classmethod(lambda cls, v: _record_time(v)))
+    _time = field_validator("createdAt")(classmethod(lambda cls, v: _utc(v)))
 
 
 class Tombstone(BaseModel):
@@ -314,24 +371,28 @@ class Tombstone(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    at: datetime
+    at: datetime = Field(strict=False)
     netnsGone: bool
     hadPrevResult: bool
     hadPortMappings: bool
     verify: bool = True
 
+    _format = field_validator("at", mode="before")(classmethod(lambda cls, v: _record_time(v)))
+    _time = field_validator("at")(classmethod(lambda cls, v: _utc(v)))
+
 
 class Record(BaseModel):
-    """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir."""
+    """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir,
+    exactly as record.py writes it (every key present; record.problem() says the same in plain Python)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    schema_: Literal[1] = Field(default=RECORD_SCHEMA, alias="schema")
+    schema_: int = Field(alias="schema", ge=RECORD_SCHEMA, le=RECORD_SCHEMA)  # strict int: not `true`
     network: str
     containerID: str
     ifname: str
     current: Incarnation
-    earlier: List[Incarnation] = Field(default_factory=list, max_length=MAX_EARLIER_INCARNATIONS)
-    cniArgs: Dict[str, str] = Field(default_factory=dict)
+    earlier: List[Incarnation] = Field(max_length=MAX_EARLIER_INCARNATIONS)
+    cniArgs: Dict[str, str]
     pluginVersion: str
-    deleted: Optional[Tombstone] = None
+    deleted: Optional[Tombstone]

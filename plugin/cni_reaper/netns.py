@@ -15,7 +15,7 @@ class Identity(tuple):
 
     __slots__ = ()
 
-    def __new__(cls, dev: int, ino: int) -> "Identity":
+    def __new__(cls, dev: int, ino: int) -> Identity:
         return tuple.__new__(cls, (dev, ino))
 
     @property

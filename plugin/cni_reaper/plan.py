@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from .netfilter import chains
-from .netfilter.rules import Rule, Table
+from .netfilter.rules import Op, Rule, Table, chain_op, rule_op
 
 PARTS = frozenset({"masq", "dnat", "forward", "reservation"})
 _TAG = re.compile(r'^(?:(dnat|snat) )?name: "([^"]*)" id: "([^"]*)"$')
@@ -32,46 +32,22 @@ class Target:
 
     network: str
     container_id: str
-    ifname: str
+    ifname: str  # "" for an attachment known only by its tags: its reservations match any ifname
     dead_ips: frozenset[str]  # plain addresses, both families
     whole: bool  # no live incarnation of the attachment remains: its per-container chains may go
     keep_masq_chain: bool = False  # a DEL with a live netns is in flight: bridge tears the chain down itself
     parts: frozenset[str] = PARTS
-    any_source: bool = False  # orphans found by tag (GC): their masquerade jumps go whatever the source IP
-    reason: str = ""
+    any_source: bool = False  # found by its tags only (orphans): its masquerade jumps go whatever the source IP
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.network, self.container_id, self.ifname)
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
-    kind: str  # "rule" (delete one rule) or "chain" (flush and delete a chain)
-    table: str
-    chain: str
-    spec: str = ""
-    owner: tuple[str, str] = ("", "")
-    what: str = ""
-    index: int = -1  # for rules: position in the chain when planned (backends that delete by position check it)
-
-    def restore_lines(self) -> list[str]:
-        if self.kind == "rule":
-            return [f"-D {self.chain} {self.spec}"]
-        return [f"-F {self.chain}", f"-X {self.chain}"]
-
-
 @dataclass
 class Plan:
     ops: list[Op] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # what was left on purpose, and why
-
-    def by_table(self) -> dict[str, list[Op]]:
-        out: dict[str, list[Op]] = {}
-        for op in self.ops:
-            out.setdefault(op.table, []).append(op)
-        # rules first, then chains: a chain can only go once nothing jumps to it
-        return {t: sorted(ops, key=lambda o: o.kind == "chain") for t, ops in out.items()}
 
 
 def _family_ips(ips: frozenset[str], family: int) -> set[str]:
@@ -95,7 +71,7 @@ class _Builder:
         if id(rule) in self._rule_ops:
             return
         self._rule_ops.add(id(rule))
-        self.plan.ops.append(Op("rule", table, rule.chain, rule.spec, owner, what, rule.index))
+        self.plan.ops.append(rule_op(table, rule, owner, what))
 
     def remaining_refs(self, table: Table, chain: str) -> list[Rule]:
         return [r for r in table.references(chain) if id(r) not in self._rule_ops and r.chain != chain]
@@ -116,7 +92,7 @@ class _Builder:
                 self.plan.skipped.append(f"{table_name} {chain}: holds {len(foreign)} rule(s) without its owner tag")
                 return
         self._chains.add((table_name, chain))
-        self.plan.ops.append(Op("chain", table_name, chain, "", owner, what))
+        self.plan.ops.append(chain_op(table_name, chain, owner, what))
 
     # -- per artifact -----------------------------------------------------------------------------
     def masq(self, t: Target, ips: set[str]) -> None:

@@ -7,6 +7,7 @@ of records read back from disk.
 
 from __future__ import annotations
 
+import re
 import time
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
@@ -112,43 +113,72 @@ def ips(*incs: dict) -> set[str]:
 
 
 # -- checking what was read back ----------------------------------------------------------------------
-def _typed(d: Any, fields: dict[str, tuple]) -> str | None:
-    if not isinstance(d, dict):
-        return "not an object"
-    for name, types in fields.items():
-        if name not in d:
-            return f"missing {name}"
-        if not isinstance(d[name], types) or (isinstance(d[name], bool) and bool not in types):
-            return f"{name} has the wrong type"
+# models.Record is the schema; this says the same (tests/unit/test_schema.py holds the two together).
+_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.\d{1,6})?(?:Z|[+-]00:00)?")
+_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+PROTOCOLS = ("tcp", "udp", "sctp")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _time_ok(v: Any) -> bool:
+    """An ISO 8601 time in UTC (Z, +00:00 or none), as written by iso_now() or by pydantic."""
+    m = _TIME.fullmatch(v) if isinstance(v, str) else None
+    if m is None:
+        return False
+    y, mo, d, h, mi, sec = (int(x) for x in m.groups())
+    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+    return (y > 0 and 1 <= mo <= 12 and 1 <= d <= (_DAYS[mo - 1] if mo != 2 or leap else 28) and h < 24
+            and mi < 60 and sec < 60)
+
+
+def _keys(d: Any, required: tuple, optional: tuple = ()) -> bool:
+    return isinstance(d, dict) and all(k in d for k in required) and all(k in required or k in optional for k in d)
+
+
+def _incarnation_problem(inc: Any) -> str | None:
+    if not _keys(inc, ("netns", "netnsId", "ips", "portMappings", "createdAt")):
+        return "incarnation: not an object with exactly netns, netnsId, ips, portMappings, createdAt"
+    if not isinstance(inc["netns"], str) or not _time_ok(inc["createdAt"]):
+        return "incarnation: bad netns or createdAt"
+    ns = inc["netnsId"]
+    if ns is not None and not (_keys(ns, ("dev", "ino")) and _is_int(ns["dev"]) and _is_int(ns["ino"])):
+        return "incarnation: bad netnsId"
+    if not isinstance(inc["ips"], list) or not all(
+            _keys(ip, ("address", "prefix", "family")) and isinstance(ip["address"], str) and _is_int(ip["prefix"])
+            and 0 <= ip["prefix"] <= 128 and _is_int(ip["family"]) and ip["family"] in (4, 6) for ip in inc["ips"]):
+        return "incarnation: bad ips entry"
+    if not isinstance(inc["portMappings"], list) or not all(
+            _keys(p, ("hostPort", "containerPort", "protocol", "hostIP")) and _is_int(p["hostPort"])
+            and 1 <= p["hostPort"] <= 65535 and _is_int(p["containerPort"]) and 1 <= p["containerPort"] <= 65535
+            and p["protocol"] in PROTOCOLS and isinstance(p["hostIP"], str) for p in inc["portMappings"]):
+        return "incarnation: bad portMappings entry"
     return None
 
 
-_INC = {"netns": (str,), "netnsId": (dict, type(None)), "ips": (list,), "portMappings": (list,), "createdAt": (str,)}
-_TOP = {"schema": (int,), "network": (str,), "containerID": (str,), "ifname": (str,), "current": (dict,),
-        "earlier": (list,), "cniArgs": (dict,), "pluginVersion": (str,), "deleted": (dict, type(None))}
-
-
 def problem(data: Any) -> str | None:
-    """Why `data` is not a usable record (None when it is): the structure the verbs rely on."""
-    err = _typed(data, _TOP)
-    if err:
-        return err
-    if data["schema"] != SCHEMA:
-        return f"schema {data['schema']} is not {SCHEMA}"
+    """Why `data` is not a record (None when it is one): what models.Record says, in plain Python."""
+    if not _keys(data, ("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs",
+                        "pluginVersion", "deleted")):
+        return "not an object with exactly the record's keys"
+    if not _is_int(data["schema"]) or data["schema"] != SCHEMA:
+        return f"schema {data['schema']!r} is not {SCHEMA}"
+    if not all(isinstance(data[k], str) for k in ("network", "containerID", "ifname", "pluginVersion")):
+        return "network, containerID, ifname and pluginVersion must be strings"
+    if not isinstance(data["earlier"], list) or len(data["earlier"]) > MAX_EARLIER:
+        return f"earlier must be a list of at most {MAX_EARLIER} incarnations"
     for inc in [data["current"], *data["earlier"]]:
-        err = _typed(inc, _INC)
+        err = _incarnation_problem(inc)
         if err:
-            return f"incarnation: {err}"
-        if inc["netnsId"] is not None and _typed(inc["netnsId"], {"dev": (int,), "ino": (int,)}):
-            return "incarnation: bad netnsId"
-        for ip in inc["ips"]:
-            if _typed(ip, {"address": (str,), "prefix": (int,), "family": (int,)}):
-                return "incarnation: bad ips entry"
-    if data["deleted"] is not None and _typed(data["deleted"], {"at": (str,)}):
+            return err
+    args = data["cniArgs"]
+    if not isinstance(args, dict) or not all(isinstance(v, str) for v in args.values()):
+        return "cniArgs must map strings to strings"
+    dead = data["deleted"]
+    if dead is not None and not (
+            _keys(dead, ("at", "netnsGone", "hadPrevResult", "hadPortMappings"), ("verify",)) and _time_ok(dead["at"])
+            and all(isinstance(v, bool) for k, v in dead.items() if k != "at")):
         return "bad tombstone"
-    try:  # only the tombstone's time is ever computed with
-        if data["deleted"] is not None:
-            iso_to_epoch(data["deleted"]["at"])
-    except (ValueError, IndexError):
-        return "bad timestamp"
     return None

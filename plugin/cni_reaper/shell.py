@@ -11,11 +11,11 @@ import sys
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
 if TYPE_CHECKING:
-    from typing import IO, Any, Mapping
+    from collections.abc import Mapping
+    from typing import IO, Any
 
 from . import PLUGIN_NAME, __version__, log, names, versions
 from .conf import TOP_FIELDS, TOP_RESETTABLE
-from .gojson import pick
 from .errors import (
     DECODE_FAILURE,
     INCOMPATIBLE_VERSION,
@@ -23,6 +23,7 @@ from .errors import (
     INVALID_ENV,
     CniError,
 )
+from .gojson import pick
 
 MAX_STDIN_BYTES = 16 << 20
 VERBS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
@@ -70,7 +71,8 @@ def _read_config(stdin: IO[bytes]) -> dict[str, Any]:
     if len(data) > MAX_STDIN_BYTES:
         raise CniError(DECODE_FAILURE, "network configuration on stdin is too large", f"limit is {MAX_STDIN_BYTES} bytes")
     if not data.strip():
-        raise CniError(DECODE_FAILURE, "no network configuration on stdin", "the runtime must pass the plugin's config as JSON on stdin")
+        raise CniError(DECODE_FAILURE, "no network configuration on stdin",
+                       "the runtime must pass the plugin's config as JSON on stdin")
     try:
         conf = json.loads(data)
     except (ValueError, RecursionError) as exc:
@@ -135,8 +137,7 @@ def run(env: Mapping[str, str], stdin: IO[bytes], stdout: IO[str]) -> int:
     seen: dict[str, Any] = {}
     try:
         inv = build_invocation(env, stdin, seen)
-        log.configure(inv.conf.logFile)
-        log.bind(verb=inv.command, network=inv.conf.name, containerID=inv.container_id)
+        log.begin(inv.conf.logFile, verb=inv.command, network=inv.conf.name, containerID=inv.container_id)
         for warning in inv.conf.warnings:
             log.warn("configuration not usable as given; carrying on", problem=warning)
         from .commands import dispatch
@@ -150,9 +151,9 @@ def run(env: Mapping[str, str], stdin: IO[bytes], stdout: IO[str]) -> int:
         return 1
     except Exception as exc:  # noqa: BLE001 - a runtime must get error JSON, never a traceback
         log.event("error", "internal error", error=f"{type(exc).__name__}: {exc}")
-        err = CniError(INTERNAL, f"internal error in cni-reaper: {type(exc).__name__}: {exc}"[:500],
-                       "please report this with the plugin's stderr output")
-        stdout.write(json.dumps(err.to_json(versions.LATEST)))
+        internal = CniError(INTERNAL, f"internal error in cni-reaper: {type(exc).__name__}: {exc}"[:500],
+                            "please report this with the plugin's stderr output")
+        stdout.write(json.dumps(internal.to_json(versions.LATEST)))
         return 1
 
 

@@ -49,7 +49,7 @@ class Store:
         self._dfd: int | None = None
 
     # -- directory -------------------------------------------------------------------------------
-    def open(self, create: bool = True) -> "Store":
+    def open(self, create: bool = True) -> Store:
         if self._dfd is not None:
             return self
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -83,7 +83,8 @@ class Store:
             os.close(dfd)
             raise CniError(
                 IO_FAILURE,
-                f"state directory {self.root} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()}); refusing to use it",
+                f"state directory {self.root} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()}); "
+                "refusing to use it",
                 "chown it to root, or set stateDir to a directory of root's",
             )
         if stat.S_IMODE(st.st_mode) != 0o700:
@@ -108,7 +109,7 @@ class Store:
         return self._dfd
 
     # -- lock ------------------------------------------------------------------------------------
-    def locked(self) -> "_Locked":
+    def locked(self) -> _Locked:
         """Hold the state lock (a context manager); give up after lock_timeout seconds with CNI error 11."""
         return _Locked(self)
 
@@ -127,7 +128,8 @@ class Store:
 
     def _load_name(self, name: str, expect: tuple[str, str, str] | None = None):
         """The record in file `name` as a dict (see record.py), or None; an unusable file is moved aside."""
-        from .record import key, problem as record_problem
+        from .record import key
+        from .record import problem as record_problem
 
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.dfd)

@@ -1,44 +1,53 @@
-"""The sweep every verb runs, split so that the common case costs next to nothing: reading the records
-(json only) and one stat per record (plus one per tombstone) decide whether anything is stale; only then is
-the clean-up machinery (planning, netfilter backends) imported and run.
+"""The sweep: which records are stale, which targets they give, and when records settle. Every verb (ADD,
+CHECK, DEL, STATUS, GC) and the CLI go through here; cleanup.py only removes a given set of targets.
+
+Split so that the common case costs next to nothing: reading the records (json only) and one stat per record
+(plus one per tombstone) decide whether anything is stale (`sweep_quietly`); only then is the clean-up
+machinery (planning, netfilter backends) imported and run (`sweep`).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import time
+
+TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Callable
+
+    from .cleanup import Outcome
+    from .plan import Target
 
 from . import log, netns
-from .record import iso_to_epoch, key, nsid
-
-TOMBSTONE_GRACE_SECONDS = 60.0
-LIVE, DEAD = "live", "dead"
-DONE, EXPIRED, WAIT = "tombstone-done", "tombstone-expired", "tombstone-wait"
-SWEEPABLE = (DEAD, DONE, EXPIRED)
+from .record import ips, key
+from .states import DONE, LIVE, SWEEPABLE, WAIT, classify, settled
 
 
-def cache_entry_exists(cache_dir: str, record: dict) -> bool:
-    """libcni caches each attachment until its DEL succeeded: `<cacheDir>/results/<N>-<X>-<ifname>`."""
-    name = f"{record['network']}-{record['containerID']}-{record['ifname']}"
-    return os.path.lexists(os.path.join(cache_dir, "results", name))
+# -- targets: which lives of which attachments are to be cleaned -------------------------------------
+def earlier_target(record: dict) -> Target:
+    """The addresses of a record's earlier lives that its current life does not hold."""
+    from .plan import Target
+
+    old = ips(*record["earlier"]) - ips(record["current"])
+    return Target(*key(record), frozenset(old), whole=False)
 
 
-def classify(record: dict, cache_dir: str, now: float | None = None) -> str:
-    """live | dead | tombstone-done | tombstone-expired | tombstone-wait."""
-    cur = record["current"]
-    if record["deleted"] is not None:
-        if not cache_entry_exists(cache_dir, record):
-            return DONE  # the DEL of the whole chain is over (host-local released the addresses then)
-        age = (now or time.time()) - iso_to_epoch(record["deleted"]["at"])
-        if age > TOMBSTONE_GRACE_SECONDS and not netns.is_alive(cur["netns"], nsid(cur)):
-            return EXPIRED  # the DEL failed long ago and the namespace is gone: nobody else will tear it down
-        return WAIT  # a DEL of this attachment may still be running: bridge needs its chain until it is over
-    return LIVE if netns.is_alive(cur["netns"], nsid(cur)) else DEAD
+def dead_target(record: dict, keep_masq_chain: bool = False, parts: Iterable[str] | None = None) -> Target:
+    """Every life of a record, the attachment wholly dead."""
+    from .plan import PARTS, Target
+
+    return Target(*key(record), frozenset(ips(record["current"], *record["earlier"])), whole=True,
+                  keep_masq_chain=keep_masq_chain, parts=frozenset(parts) if parts is not None else PARTS)
 
 
-def settled(record: dict, state: str) -> bool:
-    """A tombstone whose DEL is over and needs no look at the tables (see record.tombstone)."""
-    return state == DONE and not record["deleted"].get("verify", True)
+def targets_for(record: dict, state: str) -> list[Target]:
+    """What of a record's lives is to be cleaned, given its state."""
+    if state == WAIT:
+        return []
+    if state == LIVE:
+        return [earlier_target(record)] if record["earlier"] else []
+    return [dead_target(record)]
 
 
 def stale(records: list[dict], states: dict, exclude: frozenset) -> bool:
@@ -46,9 +55,114 @@ def stale(records: list[dict], states: dict, exclude: frozenset) -> bool:
                for r in records)
 
 
-def sweep_quietly(store, conf, exclude: frozenset = frozenset(), extra: list | None = None):
-    """Sweep for a verb whose own work is done: nothing it meets fails the verb. Returns the outcome, or
-    None when nothing was stale."""
+# -- what cni-reaper never recorded: found by the plugins' own tags ---------------------------------
+def tagged_in_tables(backend_name: str) -> dict[tuple[str, str], set[str]]:
+    """(network, container ID) of every attachment tagged in the nat tables of both families, with the source
+    IPs of its masquerade jumps."""
+    from .netfilter import BackendError, select
+    from .plan import tagged_networks
+
+    found: dict[tuple[str, str], set[str]] = {}
+    for family in (4, 6):
+        try:
+            backend = select(backend_name, family)
+        except BackendError:
+            if family == 4:
+                raise
+            continue  # no ip6tables: no IPv6 rules
+        for owner, addresses in tagged_networks(backend.read(family)).items():
+            found.setdefault(owner, set()).update(addresses)
+    return found
+
+
+def orphan_targets(conf, recorded: set[tuple[str, str]], still_used: Callable[[str, str], bool],
+                   only_network: str | None = None) -> list[Target]:
+    """Attachments with rules tagged for them that cni-reaper has no record of (leaks from before it was
+    installed) and that `still_used(network, container ID)` does not claim. GC asks the runtime's valid list;
+    the CLI asks libcni's cache whether a live netns is behind it. A table that cannot be read is logged."""
+    from .netfilter import BackendError
+    from .plan import Target
+
+    try:
+        found = tagged_in_tables(conf.backend)
+    except BackendError as exc:
+        log.warn("the tables could not be read; orphans not searched", error=str(exc))
+        return []
+    return [Target(network, cid, "", frozenset(addresses), whole=True, any_source=True)
+            for (network, cid), addresses in sorted(found.items())
+            if (not only_network or network == only_network) and (network, cid) not in recorded
+            and not still_used(network, cid)]
+
+
+def cache_entry_alive(cache_dir: str, network: str, container_id: str) -> bool:
+    """Whether libcni caches an attachment of (network, container ID) whose netns is a live namespace. An
+    entry that cannot be read counts as alive: when in doubt, leave it."""
+    results = os.path.join(cache_dir, "results")
+    try:
+        names = [n for n in os.listdir(results) if n.startswith(f"{network}-{container_id}-")]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            with open(os.path.join(results, name), "rb") as f:
+                data = json.loads(f.read(1 << 20))
+            result = data.get("result") or {}
+            if isinstance(result, str):
+                result = json.loads(result)
+            sandboxes = [i.get("sandbox") for i in result.get("interfaces", []) if isinstance(i, dict) and i.get("sandbox")]
+        except (OSError, ValueError, AttributeError):
+            return True
+        if not sandboxes or any(netns.identity(s) is not None for s in sandboxes):
+            return True
+    return False
+
+
+# -- the sweep ---------------------------------------------------------------------------------------
+def sweep(store, conf, records: list[dict] | None = None, states: dict | None = None,
+          exclude: frozenset = frozenset(), extra: Iterable[Target] = (), only_network: str | None = None,
+          dry_run: bool = False, backend_for=None) -> Outcome:
+    """Clean every dead record, every ready tombstone and every earlier incarnation, and the `extra` targets;
+    then drop the records that were cleaned and trim the earlier lives that were. `states` may say a record
+    is dead whatever its netns (GC's invalid attachments). The caller holds the state lock; `store` None
+    means there are no records (only `extra`). Records in `exclude` are neither cleaned nor dropped, and
+    their addresses stay protected."""
+    from .cleanup import Outcome, clean
+
+    if records is None:
+        records = list(store.records()) if store is not None else []
+    states = states or {}
+    for r in records:
+        states.setdefault(key(r), classify(r, conf.cniCacheDir))
+    mine = [r for r in records if key(r) not in exclude and (not only_network or r["network"] == only_network)]
+    targets: list[Target] = list(extra)
+    for r in mine:
+        targets += targets_for(r, states[key(r)])
+    if not targets:
+        return Outcome()
+    live = [r for r in records if states[key(r)] == LIVE or key(r) in exclude]
+    finished = frozenset(key(r) for r in records if states[key(r)] == DONE)
+    outcome = clean(targets, live, conf, backend_for=backend_for, tombstoned_keys=finished, dry_run=dry_run)
+    if dry_run or store is None:
+        return outcome
+    for r in mine:
+        if key(r) in outcome.failed:
+            continue
+        state = states[key(r)]
+        if state in SWEEPABLE:
+            store.remove(*key(r), sync=False)
+            log.info("record dropped", network=r["network"], containerID=r["containerID"], ifname=r["ifname"],
+                     state=state)
+        elif state == LIVE and r["earlier"]:
+            r["earlier"] = []
+            store.save(r)
+    store.sync()
+    return outcome
+
+
+def sweep_quietly(store, conf, exclude: frozenset = frozenset(), extra: list | None = None) -> Outcome | None:
+    """The sweep of a verb whose own work is done: nothing it meets fails the verb. With nothing stale it
+    costs a read of the records and a stat or two per record, and imports nothing more. Returns the outcome,
+    or None when nothing was stale."""
     try:
         records = list(store.records())
         states = {key(r): classify(r, conf.cniCacheDir) for r in records}
@@ -61,9 +175,7 @@ def sweep_quietly(store, conf, exclude: frozenset = frozenset(), extra: list | N
             log.info("records of finished DELs dropped", count=len(done))
         if not extra and not stale(records, states, exclude):
             return None
-        from .reconcile import sweep
-
-        return sweep(store, conf, exclude=exclude, extra=extra, records=records, states=states)
-    except Exception as exc:  # noqa: BLE001
+        return sweep(store, conf, records=records, states=states, exclude=exclude, extra=extra or ())
+    except Exception as exc:  # noqa: BLE001 - a sweep never fails the verb that runs it
         log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         return None

@@ -37,9 +37,8 @@ def negotiate(wanted: object, listed: object) -> str:
         wanted = None
     if wanted is not None and not isinstance(wanted, str):
         raise CniError(DECODE_FAILURE, "cniVersion must be a string", repr(wanted)[:200])
-    if listed is not None:
-        if not isinstance(listed, list) or not all(isinstance(v, str) for v in listed):
-            raise CniError(DECODE_FAILURE, "cniVersions must be a list of version strings", repr(listed)[:200])
+    if listed is not None and (not isinstance(listed, list) or not all(isinstance(v, str) for v in listed)):
+        raise CniError(DECODE_FAILURE, "cniVersions must be a list of version strings", repr(listed)[:200])
     if wanted is not None:
         try:
             parse(wanted)
@@ -57,5 +56,6 @@ def negotiate(wanted: object, listed: object) -> str:
     raise CniError(
         INCOMPATIBLE_VERSION,
         "incompatible CNI versions",
-        f"config asks for {asked}; cni-reaper supports {', '.join(SUPPORTED)}: set cniVersion in the conflist to one of them",
+        f"config asks for {asked}; cni-reaper supports {', '.join(SUPPORTED)}: "
+        "set cniVersion in the conflist to one of them",
     )

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from sandbox import binary_exe
+from testkit.sandbox import binary_exe
 
 
 def _hidden_python_dirs() -> list[str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import open_sandbox
-from sandbox import Stack, unique
+
+from testkit.sandbox import Stack, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 

@@ -14,9 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sandbox import unique
-
 from cni_reaper.record import problem as record_problem
+from testkit.sandbox import unique
 
 pytestmark = pytest.mark.netns
 
@@ -94,7 +93,7 @@ def test_parallel_allocations_with_a_concurrent_writer(sandbox, round_):
         stops = list(pool.map(stop, deleted + dead))
         checks = list(pool.map(check, live))
     assert stops == [0] * len(stops) and checks == [0] * len(checks)
-    out, err = writer.communicate(timeout=300)
+    _, err = writer.communicate(timeout=300)
     assert writer.returncode == 0, err
     rc, body, log = sandbox.status()
     assert rc == 0, (body, log)

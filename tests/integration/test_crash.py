@@ -13,10 +13,9 @@ import time
 
 import pytest
 
-from artifacts import ip_of, leak, restore_text, write_records, write_reservations
-from sandbox import Sandbox
-
 from cni_reaper.record import problem as record_problem
+from testkit.artifacts import ip_of, leak, restore_text, write_records, write_reservations
+from testkit.sandbox import Sandbox
 
 pytestmark = pytest.mark.netns
 TRIALS = int(os.environ.get("CNI_REAPER_CRASH_TRIALS", "100"))
@@ -47,7 +46,7 @@ def status_proc(sb: Sandbox):
 
 
 def test_sigkill_during_a_sweep_then_one_more_call_finishes_it(tmp_path, flavour, driver_bin):
-    from sandbox import binary_exe, needs_root
+    from testkit.sandbox import binary_exe, needs_root
 
     needs_root()
     exe = binary_exe()  # the built binary: what runs (and gets killed) on a client

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sandbox import unique
+from testkit.sandbox import unique
 
 pytestmark = pytest.mark.netns
 

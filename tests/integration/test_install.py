@@ -10,7 +10,7 @@ from pathlib import Path
 import hcl2
 import pytest
 
-from sandbox import REPO, reference_plugins
+from testkit.sandbox import REPO, reference_plugins
 
 INSTALL = REPO / "scripts" / "install.sh"
 

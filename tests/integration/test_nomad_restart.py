@@ -9,8 +9,8 @@ import json
 import time
 
 import pytest
-from conftest import open_sandbox
-from sandbox import Stack, sh, unique
+
+from testkit.sandbox import Stack, open_sandbox, sh, unique
 
 pytestmark = pytest.mark.netns
 NOMAD = Stack("1.9", "go-cni-1.1.13")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sandbox import unique
+from testkit.sandbox import unique
 
 pytestmark = pytest.mark.netns
 DUALSTACK = "nomad-reaper-dualstack.conflist"

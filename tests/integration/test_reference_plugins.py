@@ -8,8 +8,8 @@ import json
 import shlex
 
 import pytest
-from conftest import open_sandbox
-from sandbox import Stack, unique
+
+from testkit.sandbox import Stack, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 PLUGIN_SETS = [Stack("1.1.1"), Stack("1.9"), Stack("1.9", "go-cni-1.1.13")]

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sandbox import unique
+from testkit.sandbox import unique
 
 pytestmark = pytest.mark.netns
 

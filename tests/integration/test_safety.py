@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from artifacts import chain, leak, restore_text, write_records, write_reservations
-from sandbox import Sandbox
+from testkit.artifacts import chain, leak, restore_text, write_records, write_reservations
+from testkit.sandbox import Sandbox
 
 pytestmark = pytest.mark.netns
 SEEDS = int(os.environ.get("CNI_REAPER_SAFETY_SEEDS", "8"))

@@ -1,11 +1,7 @@
 import ctypes
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CLONE_NEWNET = 0x40000000
 

@@ -11,10 +11,11 @@ import copy
 import json
 import os
 
-from helpers import NETNS, invoke
-from cni_reaper.gojson import fold, lookup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from cni_reaper.gojson import fold, lookup
+from testkit.cni import NETNS, invoke
 
 EXAMPLES = int(os.environ.get("CNI_REAPER_GO_SHAPES_EXAMPLES", "5000"))
 
@@ -82,8 +83,8 @@ def objects(doc: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def respell(draw, name: str) -> str:
-    """Another spelling Go still matches to the same field."""
+def respell(draw, name: str, taken=()) -> str:
+    """Another spelling Go still matches to the same field (none of `taken`)."""
     choices = [name.lower(), name.upper(), name.swapcase(), name[:1].swapcase() + name[1:]]
     if "s" in name:
         choices.append(name.replace("s", "\u017f", 1))  # LATIN SMALL LETTER LONG S folds to s
@@ -91,7 +92,8 @@ def respell(draw, name: str) -> str:
         choices.append(name.replace("k", "\u212a").replace("K", "\u212a"))  # KELVIN SIGN folds to k
     mixed = "".join(c.upper() if draw(st.booleans()) else c.lower() for c in name)
     choices.append(mixed)
-    return draw(st.sampled_from([c for c in choices if c != name] or [name.upper()]))
+    fresh = [c for c in choices if c != name and c not in taken]
+    return draw(st.sampled_from(fresh)) if fresh else name
 
 
 def rebuild(obj: dict, items: list[tuple[str, object]]) -> None:
@@ -123,7 +125,7 @@ def variants(draw):
         present = [k for k in obj if k in FIELDS[kind]]
         if how == "respell" and present:
             name = draw(st.sampled_from(present))
-            new = respell(draw, name)
+            new = respell(draw, name, taken=obj)
             rebuild(obj, [(new if k == name else k, v) for k, v in obj.items()])
         elif how in ("null-absent", "zero-absent") and ABSENT_OK.get(kind):
             name = draw(st.sampled_from(ABSENT_OK[kind]))
@@ -139,8 +141,11 @@ def variants(draw):
             decoy = {str: "decoy", int: 1, list: [], dict: {}, bool: False}.get(type(value))
             if decoy is not None and not isinstance(value, bool) and name not in (
                     "prevResult", "stateDir", "logFile", "address", "gateway"):
-                rebuild(obj, [(respell(draw, name), decoy)] + list(obj.items()))
-        elif how == "shuffle":
+                spelling = respell(draw, name, taken=obj)
+                if spelling != name:
+                    rebuild(obj, [(spelling, decoy)] + list(obj.items()))
+        elif how == "shuffle" and len({fold(k) for k in obj}) == len(obj):
+            # (not where two spellings of one key stand: their order decides which one Go takes)
             items = list(obj.items())
             rebuild(obj, draw(st.permutations(items)))
         elif how == "null-unused" and kind == "iface" and "mac" in obj:

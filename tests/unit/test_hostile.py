@@ -14,11 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import NETNS, prev_result
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cni_reaper import shell
+from testkit.cni import NETNS, prev_result
 
 EXAMPLES = int(os.environ.get("CNI_REAPER_HOSTILE_EXAMPLES", "10000"))
 SPEC_CODES = {1, 2, 3, 4, 5, 6, 7, 11, 50, 51}

@@ -9,10 +9,10 @@ import os
 import subprocess
 import sys
 
-from helpers import NETNS, conf, prev_result
+from testkit.cni import NETNS, conf, prev_result
 
 HEAVY = ("pydantic", "pydantic_core", "pyroute2", "iptc", "ipaddress", "subprocess", "datetime", "hashlib",
-         "cni_reaper.reconcile", "cni_reaper.netfilter", "cni_reaper.plan", "cni_reaper.models")
+         "cni_reaper.cleanup", "cni_reaper.netfilter", "cni_reaper.plan", "cni_reaper.models")
 
 PROBE = """
 import io, json, os, sys
@@ -55,4 +55,4 @@ def test_a_del_that_must_clean_does_load_the_machinery(tmp_path):
     state = tmp_path / "s"
     assert run_verb("ADD", conf(state))["rc"] == 0
     dead = run_verb("DEL", conf(state), netns="/var/run/netns/gone-for-good")
-    assert dead["rc"] == 0 and "cni_reaper.reconcile" in dead["heavy"]
+    assert dead["rc"] == 0 and "cni_reaper.cleanup" in dead["heavy"]

@@ -1,11 +1,13 @@
 """The planner decides ownership from parsed rules only. These cases are built from the rule shapes the
-reference plugins write (see ../shared/REFERENCE.md) plus look-alikes that must survive."""
+reference plugins write (README, "What a dead attachment leaves") plus look-alikes that must survive."""
 
 from __future__ import annotations
 
 from cni_reaper.netfilter import chains
+from cni_reaper.netfilter.restore import restore_text
 from cni_reaper.netfilter.rules import parse_rule, parse_save
 from cni_reaper.plan import Target, plan, tagged_networks
+from testkit.fake_backend import apply_ops
 
 N, X, Y = "nomad", "3e803d29-4f9d-ad8b-adb6-31456a39db69", "9b1c5a77-0d2e-4c1f-8a3b-6f2e1d0c9a88"
 
@@ -35,7 +37,7 @@ def attachment(cid: str, ip: str, port: int) -> tuple[list[str], list[str]]:
     return nat, filt
 
 
-def tables(*extra_nat: str, attachments=((X, "172.26.64.2", 8080), (Y, "172.26.64.3", 8081))):
+def tables_text(*extra_nat: str, attachments=((X, "172.26.64.2", 8080), (Y, "172.26.64.3", 8081))) -> str:
     nat = [":PREROUTING ACCEPT [0:0]", ":POSTROUTING ACCEPT [0:0]", ":CNI-HOSTPORT-DNAT - [0:0]"]
     filt = [":FORWARD ACCEPT [0:0]", ":CNI-FORWARD - [0:0]"]
     for cid, ip, port in attachments:
@@ -43,7 +45,11 @@ def tables(*extra_nat: str, attachments=((X, "172.26.64.2", 8080), (Y, "172.26.6
         nat += n
         filt += f
     nat += list(extra_nat)
-    return parse_save("*nat\n" + "\n".join(nat) + "\nCOMMIT\n*filter\n" + "\n".join(filt) + "\nCOMMIT\n")
+    return "*nat\n" + "\n".join(nat) + "\nCOMMIT\n*filter\n" + "\n".join(filt) + "\nCOMMIT\n"
+
+
+def tables(*extra_nat: str, **kw):
+    return parse_save(tables_text(*extra_nat, **kw))
 
 
 def dead(cid=X, ips=("172.26.64.2",), **kw) -> Target:
@@ -71,11 +77,35 @@ def test_a_wholly_dead_attachment_loses_exactly_its_artifacts():
     assert not [o for o in p.ops if Y in o.spec or "172.26.64.3" in o.spec]
 
 
-def test_restore_text_deletes_rules_before_chains():
-    p = plan(tables(), [dead()], 4)
-    lines = [l for ops in p.by_table().values() for o in ops for l in o.restore_lines()]
-    first_chain = next(i for i, l in enumerate(lines) if l.startswith("-F"))
-    assert all(l.startswith("-D") for l in lines[:first_chain])
+def test_restore_text_is_one_transaction_per_table_rules_before_chains_in_chain_order():
+    """What iptables-{nft,legacy}-restore is fed: the text the nft backend applies (restore.restore_text)."""
+    p = plan(tables(), [dead(), dead(Y, ips=("172.26.64.3",))], 4)
+    text = restore_text(list(reversed(p.ops)))
+    blocks = [b.strip().splitlines() for b in text.split("COMMIT") if b.strip()]
+    assert [b[0] for b in blocks] == ["*filter", "*nat"] or [b[0] for b in blocks] == ["*nat", "*filter"]
+    for block in blocks:
+        lines = block[1:]
+        kinds = [l.split()[0] for l in lines]
+        first_flush = kinds.index("-F") if "-F" in kinds else len(kinds)
+        assert set(kinds[:first_flush]) <= {"-D"} and set(kinds[first_flush:]) <= {"-F", "-X"}
+        deletes = [l.split()[1] for l in lines[:first_flush]]
+        assert deletes == sorted(deletes)  # chain order: iptables-nft finds each rule at the head
+    # every planned op is in it, written from the saved rule text
+    for op in p.ops:
+        expected = [f"-D {op.chain} {op.spec}"] if op.kind == "rule" else [f"-F {op.chain}", f"-X {op.chain}"]
+        assert all(line in text.splitlines() for line in expected)
+    assert text.endswith("COMMIT\n")
+
+
+def test_planning_again_after_the_plan_is_applied_gives_nothing():
+    """Neutron's apply-twice rule, on the planner: apply the ops to the tables, plan again: nothing."""
+    text = tables_text()
+    targets = [dead(), dead(Y, ips=("172.26.64.3",))]
+    p = plan(parse_save(text), targets, 4)
+    assert p.ops
+    after = apply_ops(text, p.ops)
+    assert plan(parse_save(after), targets, 4).ops == []
+    assert apply_ops(after, []) == after
 
 
 def test_protected_ip_keeps_its_untagged_firewall_rules():
@@ -86,7 +116,7 @@ def test_protected_ip_keeps_its_untagged_firewall_rules():
 
 def test_earlier_incarnation_of_a_live_attachment_keeps_the_shared_chains():
     # X is live again with 172.26.64.9; its old life had .2: the old jump and the old DNAT go, chains stay
-    nat, _ = attachment(X, "172.26.64.9", 8080)
+    attachment(X, "172.26.64.9", 8080)
     t = tables(f'-A POSTROUTING -s 172.26.64.9/32 -m comment --comment "name: \\"{N}\\" id: \\"{X}\\"" '
                f"-j {chains.masq_chain(N, X)}",
                f"-A {chains.dnat_chain(N, X)} -p tcp -m tcp --dport 8080 -j DNAT --to-destination 172.26.64.9:80")
@@ -181,7 +211,7 @@ def test_a_held_xtables_lock_is_reported_as_such_by_the_restore_backend():
     """iptables-legacy-restore -w exits 4 when the lock stays held: the sweep then stops retrying for now."""
     import pytest
 
-    from cni_reaper.netfilter.backend import BackendError, LockHeld
+    from cni_reaper.netfilter import BackendError, LockHeld
     from cni_reaper.netfilter.restore import SaveRestoreBackend
 
     backend = SaveRestoreBackend("legacy")

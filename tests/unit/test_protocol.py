@@ -7,9 +7,9 @@ import os
 import subprocess
 
 import pytest
-from helpers import NETNS, conf, invoke, prev_result
 
 from cni_reaper import versions
+from testkit.cni import NETNS, conf, invoke, prev_result
 
 
 def test_version_lists_every_supported_version():

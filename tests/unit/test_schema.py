@@ -9,8 +9,6 @@ import ipaddress
 import json
 import os
 
-from helpers import conf as make_conf
-from helpers import invoke, prev_result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -18,6 +16,8 @@ from pydantic import ValidationError
 from cni_reaper import conf as fastconf
 from cni_reaper import models, result
 from cni_reaper.errors import CniError
+from testkit.cni import conf as make_conf
+from testkit.cni import invoke, prev_result
 
 EXAMPLES = int(os.environ.get("CNI_REAPER_SCHEMA_EXAMPLES", "1500"))
 
@@ -109,7 +109,7 @@ def test_config_mirror_agrees_with_the_schema(raw):
 
 def _addresses():
     v4 = st.integers(0, 2**32 - 1).map(lambda i: str(ipaddress.IPv4Address(i)))
-    v6 = st.integers(0, 2**128 - 1).map(lambda i: ipaddress.IPv6Address(i)).map(
+    v6 = st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address).map(
         lambda a: a.compressed if a.ipv4_mapped is None else "fd00::1")
     odd = st.sampled_from(["1.2.3", "01.2.3.4", "fe80::1%eth0", "::ffff:1.2.3.4", "::1.2.3.4", "x", "", "1.2.3.4 "])
     return st.one_of(v4, v6, odd)
@@ -244,3 +244,85 @@ def test_prev_result_mirror_agrees_on_the_boundaries():
         assert (fast is None) == (slow is None), entry
         if slow is not None:
             assert _same_ips(fast, slow), entry
+
+
+# -- records: record.problem() (what every read of the state directory applies) says what models.Record says
+def _valid_record() -> dict:
+    from cni_reaper import record
+
+    inc = record.incarnation("/proc/self/ns/net", [{"address": "172.26.64.2", "prefix": 20, "family": 4}],
+                             [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
+    rec, _ = record.merge(None, "nomad-reaper", "alloc-1", "eth0", inc, {"NOMAD_JOB_ID": "web"})
+    rec["earlier"] = [json.loads(json.dumps(inc))]
+    rec["deleted"] = record.tombstone(True, True, False, True)
+    return rec
+
+
+TIMES = ["2026-11-29T19:33:41.123456Z", "2026-11-29T19:33:41Z", "2026-11-29T19:33:41", "2026-11-29T19:33:41+00:00",
+         "2026-11-29T19:33:41-00:00", "2026-11-29T19:33:41+01:00", "2026-02-29T00:00:00Z", "2024-02-29T00:00:00Z",
+         "2000-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "2026-13-01T00:00:00Z", "2026-11-29", "2026-11-29 19:33:41Z",
+         "2026-11-29T24:00:00Z", "2026-11-29T23:59:60Z", "x", "", "2026-11-29T19:33:41.1234567Z", "1700000000",
+         "2026-11-29t19:33:41z", "0000-01-01T00:00:00Z", "2026-11-29T19:33Z", "2026-04-31T00:00:00Z"]
+record_junk = st.one_of(st.none(), st.booleans(), st.integers(-2, 70000), st.floats(allow_nan=False, allow_infinity=False),
+                        st.text(max_size=4), st.sampled_from(TIMES), st.lists(st.integers(0, 3), max_size=2),
+                        st.dictionaries(st.sampled_from(["a", "dev", "ino"]), st.one_of(st.integers(), st.text(max_size=2)), max_size=2),
+                        st.sampled_from([0, 1, 4, 6, 128, 129, 65535, 65536, "tcp", "udp", "sctp", "TCP", True, False]))
+
+
+def _paths(doc, prefix=()):
+    """Every (path, container) of a nested document, where path[-1] is a key or an index of container."""
+    if isinstance(doc, dict):
+        for k in list(doc):
+            yield prefix + (k,), doc
+            yield from _paths(doc[k], prefix + (k,))
+    elif isinstance(doc, list):
+        for i in range(len(doc)):
+            yield prefix + (i,), doc
+            yield from _paths(doc[i], prefix + (i,))
+
+
+@st.composite
+def records(draw):
+    rec = _valid_record()
+    for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2]))):
+        places = list(_paths(rec))
+        path, container = places[draw(st.integers(0, len(places) - 1))]
+        how = draw(st.sampled_from(["replace", "replace", "replace", "delete", "extra", "grow"]))
+        if how == "delete":
+            del container[path[-1]]
+        elif how == "extra" and isinstance(container, dict):
+            container[draw(st.sampled_from(["extra", "Schema", "verify", "hostip"]))] = draw(record_junk)
+        elif how == "grow" and isinstance(container, list):
+            container.extend(json.loads(json.dumps(container)) * draw(st.integers(1, 20)))
+        else:
+            container[path[-1]] = draw(record_junk)
+    return rec
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(records())
+def test_the_record_check_agrees_with_the_schema(doc):
+    from cni_reaper import record
+
+    fast = record.problem(doc) is None
+    try:
+        models.Record.model_validate_json(json.dumps(doc))
+        slow = True
+    except ValidationError:
+        slow = False
+    assert fast == slow, (doc, record.problem(doc))
+
+
+def test_the_record_check_agrees_on_every_time_form():
+    from cni_reaper import record
+
+    for t in TIMES:
+        for where in ("current", "deleted"):
+            doc = _valid_record()
+            (doc["current"] if where == "current" else doc["deleted"])["createdAt" if where == "current" else "at"] = t
+            try:
+                models.Record.model_validate_json(json.dumps(doc))
+                slow = True
+            except ValidationError:
+                slow = False
+            assert (record.problem(doc) is None) == slow, (t, where)

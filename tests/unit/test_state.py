@@ -9,9 +9,9 @@ import stat
 import threading
 
 import pytest
-from helpers import NETNS, conf, invoke, prev_result
 
 from cni_reaper.store import record_name
+from testkit.cni import NETNS, conf, invoke, prev_result
 
 
 def records(state):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from .. import log, netns
 from ..errors import CniError
-from ..record import ips, key, nsid, tombstone
+from ..record import key, nsid, tombstone
 from ..store import Store
-from ..sweep import sweep_quietly
+from ..sweep import dead_target, earlier_target, sweep_quietly
 
 
 def immediate_targets(record: dict, inv, conf) -> list:
@@ -31,18 +31,13 @@ def immediate_targets(record: dict, inv, conf) -> list:
             parts.add("forward")
     if same_life and not parts and not record["earlier"]:
         return []  # the common case: the downstream plugins remove everything; nothing to import
-    from ..plan import Target
-
     if not same_life:
-        return [Target(*key(record), dead_ips=frozenset(ips(cur, *record["earlier"])), whole=True,
-                       keep_masq_chain=given_alive, reason="DEL of a dead attachment")]
+        return [dead_target(record, keep_masq_chain=given_alive)]
     targets = []
     if parts:
-        targets.append(Target(*key(record), dead_ips=frozenset(ips(cur)), whole=True, keep_masq_chain=True,
-                              parts=frozenset(parts), reason="DEL without ports or prevResult"))
+        targets.append(dead_target(record, keep_masq_chain=True, parts=parts))
     if record["earlier"]:
-        targets.append(Target(*key(record), dead_ips=frozenset(ips(*record["earlier"]) - ips(cur)), whole=False,
-                              reason="earlier incarnation"))
+        targets.append(earlier_target(record))
     return targets
 
 

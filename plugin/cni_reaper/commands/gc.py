@@ -1,18 +1,17 @@
 """GC (CNI 1.1): every attachment of this network that is not in cni.dev/valid-attachments is dead: its
 record, and also rules tagged for this network whose container ID is not valid (leaks from before
-cni-reaper was installed), and host-local reservations of invalid attachments."""
+cni-reaper was installed), and host-local reservations of invalid attachments. One sweep does it all, other
+networks' dead attachments included, as on every verb."""
 
 from __future__ import annotations
 
 from .. import log
-from ..gojson import lookup, pick
 from ..errors import INVALID_CONFIG, CniError
-from ..hostlocal import locked_networks
-from ..plan import Target
-from ..reconcile import clean, targets_for
+from ..gojson import lookup, pick
 from ..record import key
+from ..states import DEAD, LIVE, classify
 from ..store import Store
-from ..sweep import LIVE, classify, sweep_quietly
+from ..sweep import orphan_targets, sweep
 
 VALID_KEY = "cni.dev/valid-attachments"
 OLD_KEY = "cni.dev/attachments"  # the name in an earlier text of the spec; libcni sends both
@@ -53,57 +52,37 @@ def holds(pairs: set[tuple[str, str]], cid: str, ifname: str) -> bool:
     return (cid, ifname) in pairs or (cid, "") in pairs or (not ifname and any(c == cid for c, _ in pairs))
 
 
-def orphan_targets(conf, valid_ids: set[str], recorded_ids: set[str]) -> list[Target]:
-    """Containers with rules tagged for this network, neither valid nor recorded."""
-    from ..netfilter.backend import BackendError
-    from ..reconcile import tagged_in_tables
+def reservation_targets(conf, still_used) -> list:
+    """Reservations of this network whose holder `still_used(containerID, ifname)` does not claim."""
+    from ..hostlocal import NetworkDir
+    from ..plan import Target
 
-    found: dict[str, set[str]] = {}
+    d = NetworkDir(conf.ipamDataDir, conf.name)
     try:
-        found = {cid: ips for (net, cid), ips in tagged_in_tables(conf.backend).items() if net == conf.name}
-    except BackendError as exc:
-        log.warn("GC could not read the tables; orphans not searched", error=str(exc))
-    return [Target(conf.name, cid, "", frozenset(ips), whole=True, any_source=True,
-                   parts=frozenset({"masq", "dnat", "forward"}), reason="GC orphan")
-            for cid, ips in sorted(found.items()) if cid not in valid_ids and cid not in recorded_ids]
-
-
-def release_invalid_reservations(conf, valid: set[tuple[str, str]], live_keys: set[tuple[str, str]]) -> int:
-    released = 0
-    with locked_networks(conf.ipamDataDir, [conf.name], conf.lockTimeout) as dirs:
-        d = dirs[conf.name]
-        for ip, (cid, ifname) in sorted(d.reservations().items()):
-            if holds(valid, cid, ifname) or holds(live_keys, cid, ifname):
-                continue
-            if d.release(ip, cid, ifname):
-                released += 1
-                log.info("removed", network=conf.name, containerID=cid, items=[f"host-local reservation {conf.name}/{ip}"])
-    return released
+        held = sorted(d.reservations().items())
+    finally:
+        d.close()
+    return [Target(conf.name, cid, ifname, frozenset({ip}), whole=True, parts=frozenset({"reservation"}))
+            for ip, (cid, ifname) in held if not still_used(cid, ifname)]
 
 
 def run(inv):
     conf = inv.conf
     valid = valid_attachments(inv.raw)
-    valid_ids = {cid for cid, _ in valid}
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
         with store.locked():
             records = list(store.records())
+            states = {key(r): classify(r, conf.cniCacheDir) for r in records}
             mine = [r for r in records if r["network"] == conf.name]
-            invalid = [r for r in mine if not holds(valid, r["containerID"], r["ifname"])]
-            invalid_keys = {key(r) for r in invalid}
-            targets = [t for r in invalid for t in targets_for(r, "dead")]
-            live_others = [r for r in records
-                           if key(r) not in invalid_keys and classify(r, conf.cniCacheDir) == LIVE]
-            targets += orphan_targets(conf, valid_ids, {r["containerID"] for r in mine})
-            outcome = clean(targets, live_others, conf)
-            for r in invalid:
-                if key(r) not in outcome.failed:
-                    store.remove(*key(r))
-            live_keys = {(r["containerID"], r["ifname"]) for r in live_others if r["network"] == conf.name}
-            release_invalid_reservations(conf, valid, live_keys)
-            # other networks' dead attachments too, as on every verb
-            sweep_quietly(store, conf, exclude=frozenset(key(r) for r in mine))
+            for r in mine:
+                if not holds(valid, r["containerID"], r["ifname"]):
+                    states[key(r)] = DEAD  # the runtime says so, whatever its netns
+            live = {(r["containerID"], r["ifname"]) for r in mine if states[key(r)] == LIVE}
+            extra = orphan_targets(conf, {(conf.name, r["containerID"]) for r in mine},
+                                   lambda network, cid: holds(valid, cid, ""), only_network=conf.name)
+            extra += reservation_targets(conf, lambda cid, ifname: holds(valid, cid, ifname) or holds(live, cid, ifname))
+            sweep(store, conf, records=records, states=states, extra=extra)
     finally:
         store.close()
     return None

@@ -1,4 +1,5 @@
-"""STATUS: can an ADD be served? Cheap: a few stat calls, no subprocess (Nomad calls it before every ADD and DEL).
+"""STATUS: can an ADD be served? Cheap: a few stat calls, and with nothing stale no subprocess (Nomad 1.9.5+
+calls it before every ADD and DEL).
 
 Only an unusable state directory makes STATUS fail: Nomad (1.9.5+) skips the whole DEL of an allocation when
 STATUS fails, so a clean-up that cannot run (iptables missing or broken, the xtables lock held) is logged by

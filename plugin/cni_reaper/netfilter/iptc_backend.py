@@ -12,10 +12,9 @@ from __future__ import annotations
 import glob
 import os
 
-from ..plan import Op
-from .backend import BackendError
+from .interface import BackendError
 from .restore import SaveRestoreBackend
-from .rules import Table
+from .rules import Op, Table, by_table
 from .xtables_lock import xtables_lock
 
 
@@ -50,12 +49,9 @@ class IptcBackend:
 
     def apply(self, family: int, ops: list[Op]) -> None:
         iptc = _import_iptc()
-        by_table: dict[str, list[Op]] = {}
-        for op in ops:
-            by_table.setdefault(op.table, []).append(op)
         with xtables_lock():
             fresh = self._text.read(family)
-            for name, table_ops in by_table.items():
+            for name, table_ops in by_table(ops).items():
                 self._commit(iptc, family, name, fresh.get(name), table_ops)
 
     def _commit(self, iptc, family: int, name: str, fresh: Table | None, ops: list[Op]) -> None:
@@ -92,5 +88,5 @@ class IptcBackend:
             try:
                 table.refresh()  # drop any uncommitted change from this handle
                 table.autocommit = True
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - best effort: the transaction already failed or committed
                 pass

@@ -1,4 +1,5 @@
-"""A parsed view of `iptables-save` output: tables, chains and rules with the fields ownership is decided on.
+"""The netfilter package's own types: a parsed view of `iptables-save` output (tables, chains, rules with the
+fields ownership is decided on) and the operations that delete from it.
 
 Ownership is decided from parsed fields (chain, comment, target, source, DNAT destination), never from
 positions in the text. A rule keeps its exact saved text, from which a deletion (`-D CHAIN <text>`) is built.
@@ -9,18 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, slots=True)  # slots: a sweep of 1,000 attachments parses 11,000 of these
+@dataclass(frozen=True)
 class Rule:
+    # slots (written out: dataclass(slots=True) needs Python 3.10): a sweep of 1,000 attachments parses 11,000
+    __slots__ = ("chain", "comment", "index", "source", "spec", "target", "to_destination", "tokens")
     chain: str
     spec: str  # the saved rule after "-A CHAIN ", exactly as iptables-save printed it
     tokens: tuple[str, ...]
-    source: str | None = None
-    dest: str | None = None
-    dest_negated: bool = False
-    comment: str | None = None
-    target: str | None = None
-    to_destination: str | None = None
-    index: int = 0  # position in its chain at the time of the save
+    source: str | None
+    comment: str | None
+    target: str | None
+    to_destination: str | None
+    index: int  # position in its chain at the time of the save
 
     @property
     def source_ip(self) -> str | None:
@@ -35,6 +36,36 @@ class Rule:
         if dest.startswith("["):
             return dest[1:].split("]")[0]
         return dest.split(":")[0] if dest.count(":") == 1 or "." in dest else dest
+
+
+@dataclass(frozen=True)
+class Op:
+    """One deletion: a rule (by its saved text, and its position when planned) or a whole chain."""
+
+    __slots__ = ("chain", "index", "kind", "owner", "spec", "table", "what")
+    kind: str  # "rule" (delete one rule) or "chain" (flush and delete a chain)
+    table: str
+    chain: str
+    spec: str
+    owner: tuple[str, str]  # (network, container ID) whose leftover this is
+    what: str  # for the log: what it is
+    index: int  # for rules: position in the chain when planned (backends that delete by position check it)
+
+
+def rule_op(table: str, rule: Rule, owner: tuple[str, str], what: str) -> Op:
+    return Op("rule", table, rule.chain, rule.spec, owner, what, rule.index)
+
+
+def chain_op(table: str, chain: str, owner: tuple[str, str], what: str) -> Op:
+    return Op("chain", table, chain, "", owner, what, -1)
+
+
+def by_table(ops: list[Op]) -> dict[str, list[Op]]:
+    """The operations grouped by table, in their order: every backend commits one transaction per table."""
+    out: dict[str, list[Op]] = {}
+    for op in ops:
+        out.setdefault(op.table, []).append(op)
+    return out
 
 
 @dataclass
@@ -93,7 +124,7 @@ def split(spec: str) -> list[str]:
 
 def parse_rule(chain: str, spec: str, index: int = 0) -> Rule:
     tokens = tuple(split(spec))
-    fields: dict[str, object] = {}
+    fields: dict[str, str | None] = {"source": None, "comment": None, "target": None, "to_destination": None}
     negate = False
     i = 0
     while i < len(tokens):
@@ -105,8 +136,6 @@ def parse_rule(chain: str, spec: str, index: int = 0) -> Rule:
             continue
         if tok in ("-s", "--source") and nxt is not None:
             fields["source"] = None if negate else nxt
-        elif tok in ("-d", "--destination") and nxt is not None:
-            fields["dest"], fields["dest_negated"] = nxt, negate
         elif tok == "--comment" and nxt is not None:
             fields["comment"] = nxt
         elif tok in ("-j", "-g", "--jump", "--goto") and nxt is not None:
@@ -115,7 +144,8 @@ def parse_rule(chain: str, spec: str, index: int = 0) -> Rule:
             fields["to_destination"] = nxt
         negate = False
         i += 1
-    return Rule(chain=chain, spec=spec, tokens=tokens, index=index, **fields)  # type: ignore[arg-type]
+    return Rule(chain, spec, tokens, fields["source"], fields["comment"], fields["target"], fields["to_destination"],
+                index)
 
 
 def parse_save(text: str) -> dict[str, Table]:

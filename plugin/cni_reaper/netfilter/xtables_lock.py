@@ -7,7 +7,7 @@ import os
 from contextlib import contextmanager
 
 from ..locking import flock_within
-from .backend import BackendError, LockHeld
+from .interface import BackendError, LockHeld
 
 LOCK_PATH = os.environ.get("XTABLES_LOCKFILE", "/run/xtables.lock")
 

@@ -1,7 +1,12 @@
-"""Finding dead attachments and removing what they left behind: the part that touches the kernel and disk.
+"""The clean-up engine: given the targets (dead lives of attachments), remove what they left behind, in both
+families, and their host-local reservations. Which targets there are is the sweep's business (sweep.py);
+what exactly to delete is the planner's (plan.py); the kernel is the backends' (netfilter/).
 
 Order of locks, always: the state lock (held by the caller) -> host-local's network locks (in name
-order) -> the xtables lock (taken by iptables-legacy-restore -w). Every wait is bounded.
+order) -> the xtables lock (taken by iptables-legacy-restore -w or around a libiptc commit). Every wait is
+bounded. Each family is cleaned through its own backend; a transaction that fails because a concurrent
+writer changed the table is re-read, re-planned and retried, then applied one operation at a time, so that
+one stubborn rule does not keep the rest; a held xtables lock stops the family's clean-up for this call.
 """
 
 from __future__ import annotations
@@ -12,24 +17,10 @@ from . import log
 from .hostlocal import NetworkDir, all_network_names, locked_networks
 from .plan import Target, plan
 from .record import ips, key
-from .sweep import DONE, LIVE, SWEEPABLE, WAIT, classify
 
 APPLY_ATTEMPTS = 3
 
 
-def targets_for(record: dict, state: str) -> list[Target]:
-    """What of a record's lives is to be cleaned, given its state."""
-    if state == WAIT:
-        return []
-    if state == LIVE:
-        if not record["earlier"]:
-            return []
-        old = ips(*record["earlier"]) - ips(record["current"])
-        return [Target(*key(record), frozenset(old), whole=False, reason="earlier incarnation")]
-    return [Target(*key(record), frozenset(ips(record["current"], *record["earlier"])), whole=True, reason=state)]
-
-
-# -- the clean-up -----------------------------------------------------------------------------------
 @dataclass
 class Outcome:
     removed: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
@@ -37,7 +28,6 @@ class Outcome:
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     backends: dict[int, str] = field(default_factory=dict)  # family -> backend name
-    dry_run: bool = False
 
     @property
     def backend(self) -> str:
@@ -77,10 +67,12 @@ def _protected(targets: list[Target], live_records, dirs: dict[str, NetworkDir],
 
 def clean(targets: list[Target], live_records, conf, backend_for=None, tombstoned_keys=frozenset(),
           dry_run: bool = False) -> Outcome:
-    """Remove what `targets` left behind, in both families, and their reservations. Never raises for a
-    netfilter failure: failures are logged and reported in the outcome (the record stays for a retry).
-    With dry_run, plan and report only: nothing is changed."""
-    outcome = Outcome(dry_run=dry_run)
+    """Remove what `targets` left behind, in both families, and their reservations. Never raises: failures
+    are logged and reported in the outcome (the caller keeps the record for a retry). `live_records` hold
+    addresses that must stay protected; `backend_for(family)` gives the backend (default: netfilter.select);
+    `tombstoned_keys`: attachments whose DEL finished (host-local has released their addresses, so a
+    reservation naming them is a newer life's). With dry_run, plan and report only: nothing is changed."""
+    outcome = Outcome()
     if not targets:
         return outcome
 
@@ -139,7 +131,7 @@ def _families(targets: list[Target]) -> list[int]:
 def _clean_netfilter(targets, protected, conf, backend_for, outcome: Outcome, dry_run: bool = False) -> None:
     """Each family on its own backend: the flavour of its own tool (iptables, ip6tables), as the plugins
     that made the rules chose it."""
-    from .netfilter.backend import BackendError, LockHeld, select
+    from .netfilter import BackendError, LockHeld, select
 
     wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
     if not wanted:
@@ -182,7 +174,7 @@ def _clean_netfilter(targets, protected, conf, backend_for, outcome: Outcome, dr
 def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome) -> None:
     """The transaction kept failing: apply each operation alone so that one stubborn rule does not keep the
     rest. Whatever fails is logged and the owner's record is kept for a later retry."""
-    from .netfilter.backend import BackendError
+    from .netfilter import BackendError
 
     try:
         p = plan(backend.read(family), targets, family, protected)
@@ -200,56 +192,3 @@ def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome) -> 
             outcome.errors.append(f"ipv{family} {op.table} {op.chain} ({op.what}): {exc}")
             outcome.failed.add(owner)
     outcome.skipped += p.skipped
-
-
-def tagged_in_tables(backend_name: str) -> dict[tuple[str, str], set[str]]:
-    """(network, container ID) of every attachment tagged in the nat tables of both families, with the source
-    IPs of its masquerade jumps: how GC and `sweep --orphans` find what cni-reaper never recorded."""
-    from .netfilter.backend import BackendError, select
-    from .plan import tagged_networks
-
-    found: dict[tuple[str, str], set[str]] = {}
-    for family in (4, 6):
-        try:
-            backend = select(backend_name, family)
-        except BackendError:
-            if family == 4:
-                raise
-            continue  # no ip6tables: no IPv6 rules
-        for owner, addresses in tagged_networks(backend.read(family)).items():
-            found.setdefault(owner, set()).update(addresses)
-    return found
-
-
-# -- sweeps ------------------------------------------------------------------------------------------
-def sweep(store, conf, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
-          records: list[dict] | None = None, states: dict | None = None, dry_run: bool = False,
-          only_network: str | None = None) -> Outcome:
-    """Clean every dead record, every ready tombstone and every earlier incarnation (and `extra` targets);
-    then drop or trim the records that were cleaned. The caller holds the state lock."""
-    records = list(store.records()) if records is None else records
-    states = states or {key(r): classify(r, conf.cniCacheDir) for r in records}
-    mine = [r for r in records if key(r) not in exclude and (not only_network or r["network"] == only_network)]
-    targets: list[Target] = list(extra or [])
-    for r in mine:
-        targets += targets_for(r, states[key(r)])
-    if not targets:
-        return Outcome(dry_run=dry_run)
-    live = [r for r in records if states[key(r)] == LIVE or key(r) in exclude]
-    finished = frozenset(key(r) for r in records if states[key(r)] == DONE)
-    outcome = clean(targets, live, conf, tombstoned_keys=finished, dry_run=dry_run)
-    if dry_run:
-        return outcome
-    for r in mine:
-        if key(r) in outcome.failed:
-            continue
-        state = states[key(r)]
-        if state in SWEEPABLE:
-            store.remove(*key(r), sync=False)
-            log.info("record dropped", network=r["network"], containerID=r["containerID"], ifname=r["ifname"],
-                     state=state)
-        elif state == LIVE and r["earlier"]:
-            r["earlier"] = []
-            store.save(r)
-    store.sync()
-    return outcome

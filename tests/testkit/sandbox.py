@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REFERENCE_PLUGINS = Path("/usr/lib/cni")
 CONFLISTS = REPO / "conflist"
 _counter = itertools.count()
@@ -77,7 +77,7 @@ def build_driver(runtime: str = "go-cni-1.1.7") -> str:
         go, tags = "go", []
         env["GOPATH"] = f"{gopath}:/usr/share/gocode"
     elif runtime == "go-cni-1.1.13":
-        import debian_sid
+        from . import debian_sid
 
         try:
             sid = debian_sid.root("runtime")
@@ -103,7 +103,7 @@ def reference_plugins(which: str = "1.1.1") -> Path:
     """The reference plugins' directory: Debian 12's, or 1.9.x fetched from Debian unstable."""
     if which == "1.1.1":
         return REFERENCE_PLUGINS
-    import debian_sid
+    from . import debian_sid
 
     try:
         return debian_sid.plugins_dir()
@@ -178,7 +178,7 @@ class Sandbox:
             sh("ip", "netns", "del", name, check=False)
         self.containers.clear()
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -310,9 +310,7 @@ class Sandbox:
         names = {("CNI-" + digest)[:28], ("CNI-DN-" + digest)[:28], ("CNI-SN-" + digest)[:28]}
         out = []
         for line in (self.tables() if tables is None else tables).splitlines():
-            if any(n in line for n in names) or f'id: \"{cid}\"' in line:
-                out.append(line)
-            elif line.startswith("-A CNI-FORWARD") and any(f" {ip}/" in line for ip in ips):
+            if any(n in line for n in names) or f'id: \"{cid}\"' in line or (line.startswith("-A CNI-FORWARD") and any(f" {ip}/" in line for ip in ips)):
                 out.append(line)
         out += [f"reservation {ip}" for ip, owner in self.reservations(network).items() if owner == cid]
         return out
@@ -360,3 +358,29 @@ class Sandbox:
         found = [r for r in self.records() if r["containerID"] == cid]
         assert len(found) <= 1
         return found[0] if found else None
+
+
+_drivers: dict[str, str] = {}
+
+
+def driver_for(runtime: str) -> str:
+    """The go-cni driver for a runtime, built once per process; a build or fetch failure fails the test."""
+    import pytest
+
+    if runtime not in _drivers:
+        try:
+            _drivers[runtime] = build_driver(runtime)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+    return _drivers[runtime]
+
+
+def open_sandbox(root: Path, flavour: str, exe: str, stack: Stack = DEBIAN12) -> Sandbox:
+    """A sandbox for a test, on a stack; what cannot be fetched or built fails the test, never skips it."""
+    import pytest
+
+    needs_root()
+    try:
+        return Sandbox(root, flavour, exe, driver_for(stack.runtime), stack)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))

@@ -1,15 +1,12 @@
-"""What the reference plugins leave in netfilter and host-local for one attachment (the shapes measured in
-../shared/REFERENCE.md), planted directly: for the benchmark's and the reliability tests' thousands of
+"""What the reference plugins leave in netfilter and host-local for one attachment (the shapes of README,
+"What a dead attachment leaves", as measured on the real plugins), planted directly: for the benchmark's and the reliability tests' thousands of
 attachments, where running the real chain for each would take minutes. The end-to-end tests use the real
 plugins instead."""
 
 from __future__ import annotations
 
 import hashlib
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugin"))
 
 
 def chain(prefix: str, network: str, cid: str) -> str:
@@ -23,28 +20,30 @@ def ip_of(i: int, base: str = "172.26") -> str:
 def leak(network: str, cid: str, ip: str, port: int) -> tuple[list[str], list[str], list[list[str]]]:
     """(nat lines, filter lines, the per-rule iptables commands that remove them one process each)."""
     m, d = chain("", network, cid), chain("DN-", network, cid)
+    host = f"{ip}/128" if ":" in ip else f"{ip}/32"  # how iptables-save prints a host address
+    to = f"[{ip}]:80" if ":" in ip else f"{ip}:80"
     tag = f'name: \\"{network}\\" id: \\"{cid}\\"'
     dtag = f'dnat name: \\"{network}\\" id: \\"{cid}\\"'
     nat = [f":{m} - [0:0]", f":{d} - [0:0]",
-           f'-A POSTROUTING -s {ip}/32 -m comment --comment "{tag}" -j {m}',
+           f'-A POSTROUTING -s {host} -m comment --comment "{tag}" -j {m}',
            f'-A {m} -d 172.26.0.0/16 -m comment --comment "{tag}" -j ACCEPT',
            f'-A {m} ! -d 224.0.0.0/4 -m comment --comment "{tag}" -j MASQUERADE']
     for proto in ("tcp", "udp"):
         nat += [f'-A CNI-HOSTPORT-DNAT -p {proto} -m comment --comment "{dtag}" -m multiport --dports {port} -j {d}',
                 f"-A {d} -s 172.26.0.0/16 -p {proto} -m {proto} --dport {port} -j CNI-HOSTPORT-SETMARK",
-                f"-A {d} -p {proto} -m {proto} --dport {port} -j DNAT --to-destination {ip}:80"]
-    filt = [f"-A CNI-FORWARD -d {ip}/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-            f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT"]
+                f"-A {d} -p {proto} -m {proto} --dport {port} -j DNAT --to-destination {to}"]
+    filt = [f"-A CNI-FORWARD -d {host} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            f"-A CNI-FORWARD -s {host} -j ACCEPT"]
     plain_tag, plain_dtag = f'name: "{network}" id: "{cid}"', f'dnat name: "{network}" id: "{cid}"'
-    cmds = [["-t", "nat", "-D", "POSTROUTING", "-s", f"{ip}/32", "-m", "comment", "--comment", plain_tag, "-j", m],
+    cmds = [["-t", "nat", "-D", "POSTROUTING", "-s", host, "-m", "comment", "--comment", plain_tag, "-j", m],
             ["-t", "nat", "-F", m], ["-t", "nat", "-X", m]]
     for proto in ("tcp", "udp"):
         cmds.append(["-t", "nat", "-D", "CNI-HOSTPORT-DNAT", "-p", proto, "-m", "comment", "--comment", plain_dtag,
                      "-m", "multiport", "--dports", str(port), "-j", d])
     cmds += [["-t", "nat", "-F", d], ["-t", "nat", "-X", d],
-             ["-t", "filter", "-D", "CNI-FORWARD", "-d", f"{ip}/32", "-m", "conntrack", "--ctstate",
+             ["-t", "filter", "-D", "CNI-FORWARD", "-d", host, "-m", "conntrack", "--ctstate",
               "RELATED,ESTABLISHED", "-j", "ACCEPT"],
-             ["-t", "filter", "-D", "CNI-FORWARD", "-s", f"{ip}/32", "-j", "ACCEPT"]]
+             ["-t", "filter", "-D", "CNI-FORWARD", "-s", host, "-j", "ACCEPT"]]
     return nat, filt, cmds
 
 

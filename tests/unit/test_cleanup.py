@@ -1,0 +1,176 @@
+"""Every branch of the clean-up loop (cleanup.py), against the fake backend (testkit.fake_backend): one
+transaction per family; a transaction that fails because the table changed is re-read, re-planned and
+retried; a held xtables lock stops that family's clean-up at once; a transaction that keeps failing is
+applied one operation at a time, so that a stubborn rule stays and the rest goes; a family whose tool is
+missing is skipped unless a dead address of that family says rules exist there; a second run changes nothing;
+a dry run changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from cni_reaper.cleanup import APPLY_ATTEMPTS, clean
+from cni_reaper.conf import parse
+from cni_reaper.netfilter import BackendError
+from cni_reaper.plan import Target
+from testkit.artifacts import leak
+from testkit.fake_backend import FakeBackend
+
+NET = "nomad"
+EMPTY = "*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n"
+
+
+def text(*attachments: tuple[str, str, int]) -> str:
+    nat = [":PREROUTING ACCEPT [0:0]", ":POSTROUTING ACCEPT [0:0]", ":CNI-HOSTPORT-DNAT - [0:0]",
+           ":CNI-HOSTPORT-SETMARK - [0:0]"]
+    filt = [":FORWARD ACCEPT [0:0]", ":CNI-FORWARD - [0:0]"]
+    for cid, ip, port in attachments:
+        n, f, _ = leak(NET, cid, ip, port)
+        nat += n
+        filt += f
+    return "*nat\n" + "\n".join(nat) + "\nCOMMIT\n*filter\n" + "\n".join(filt) + "\nCOMMIT\n"
+
+
+@pytest.fixture
+def conf(tmp_path):
+    return parse({"name": NET, "stateDir": str(tmp_path / "s"), "ipamDataDir": str(tmp_path / "ipam"), "logFile": ""})
+
+
+def target(cid: str, ip: str) -> Target:
+    return Target(NET, cid, "eth0", frozenset({ip}), whole=True)
+
+
+DEAD = [("dead-a", "172.26.64.2", 8080), ("dead-b", "172.26.64.3", 8081)]
+LIVE = ("live-c", "172.26.64.4", 8082)
+
+
+def run(conf, fake: FakeBackend, targets=None, **kw):
+    targets = targets if targets is not None else [target(c, ip) for c, ip, _ in DEAD]
+    return clean(targets, [], conf, backend_for=lambda family: fake, **kw)
+
+
+def test_one_transaction_removes_exactly_the_dead(conf):
+    fake = FakeBackend(text(*DEAD, LIVE))
+    outcome = run(conf, fake)
+    assert fake.text[4] == text(LIVE)
+    assert len(fake.transactions) == 1 and not outcome.errors and not outcome.failed
+    assert sorted(k[1] for k in outcome.removed) == ["dead-a", "dead-b"]
+    assert outcome.backend == "fake"
+
+
+def test_a_table_changed_under_the_transaction_is_read_again_and_retried(conf):
+    fake = FakeBackend(text(*DEAD, LIVE))
+    fake.fail_next = APPLY_ATTEMPTS - 1
+    outcome = run(conf, fake)
+    assert len(fake.transactions) == APPLY_ATTEMPTS and fake.reads.count(4) == APPLY_ATTEMPTS
+    assert fake.text[4] == text(LIVE) and not outcome.errors and not outcome.failed
+
+
+def test_the_retry_plans_again_on_what_the_writer_left(conf):
+    """A concurrent writer removes one dead rule between the read and the transaction: the retry's plan does
+    not ask for it again (a stale plan would fail on it every time)."""
+    fake = FakeBackend(text(*DEAD, LIVE))
+    first_jump = next(l for l in fake.text[4].splitlines() if l.startswith("-A POSTROUTING") and "dead-a" in l)
+
+    def writer(fb):
+        fb.text[4] = fb.text[4].replace(first_jump + "\n", "")
+        fb.fail_next = 1
+
+    fake.between.append(writer)
+    outcome = run(conf, fake)
+    assert len(fake.transactions) == 2 and fake.text[4] == text(LIVE)
+    assert not any(op.spec in first_jump for op in fake.applied[-1][1] if op.kind == "rule")
+    assert not outcome.errors
+
+
+def test_a_held_xtables_lock_stops_at_once_and_keeps_the_records(conf):
+    fake = FakeBackend(text(*DEAD, LIVE))
+    fake.lock_held = True
+    outcome = run(conf, fake)
+    assert len(fake.transactions) == 1, "no retries while the lock is held"
+    assert fake.text[4] == text(*DEAD, LIVE)
+    assert outcome.failed == {(NET, "dead-a", "eth0"), (NET, "dead-b", "eth0")}
+    assert any("xtables lock" in e for e in outcome.errors)
+
+
+def test_a_held_lock_on_one_family_does_not_stop_the_other(conf):
+    v4, v6 = FakeBackend(text(*DEAD)), FakeBackend(EMPTY, text(("dead-a", "fd00::2", 8080)))
+    v4.lock_held = True
+    targets = [Target(NET, "dead-a", "eth0", frozenset({"172.26.64.2", "fd00::2"}), whole=True)]
+    outcome = clean(targets, [], conf, backend_for=lambda family: v4 if family == 4 else v6)
+    assert v6.text[6] == text() and v4.text[4] == text(*DEAD)
+    assert outcome.failed == {(NET, "dead-a", "eth0")}
+    assert any(item.startswith("ipv6 ") for item in outcome.removed[(NET, "dead-a", "eth0")])
+
+
+def test_a_transaction_that_keeps_failing_is_applied_one_operation_at_a_time(conf):
+    fake = FakeBackend(text(*DEAD, LIVE))
+    fake.fail_batches = True
+    outcome = run(conf, fake)
+    singles = [ops for _, ops in fake.transactions if len(ops) == 1]
+    assert len(fake.transactions) == APPLY_ATTEMPTS + len(singles) and singles
+    assert fake.text[4] == text(LIVE) and not outcome.errors and not outcome.failed
+
+
+def test_a_stubborn_rule_stays_and_the_rest_goes(conf):
+    """The first operation of the plan (dead-a's masquerade jump) cannot be deleted: it stays, and so does the
+    chain it jumps to; everything else of dead-a and all of dead-b goes."""
+    fake = FakeBackend(text(*DEAD, LIVE))
+    stubborn = next(l for l in fake.text[4].splitlines() if l.startswith("-A POSTROUTING -s 172.26.64.2/32"))
+    fake.stubborn = {stubborn.split(" ", 2)[2]}
+    outcome = run(conf, fake)
+    chain = stubborn.split()[-1]
+    left = [l for l in fake.text[4].splitlines() if l not in text(LIVE).splitlines()]
+    assert left and all(l == stubborn or chain in l for l in left), left
+    assert outcome.failed == {(NET, "dead-a", "eth0")}, "only the stubborn rule's owner is kept for a retry"
+    assert any("cannot be deleted" in e and "172.26.64.2" in e for e in outcome.errors)
+    assert len(outcome.removed[(NET, "dead-b", "eth0")]) == 7 and "dead-b" not in fake.text[4]
+    assert not any("172.26.64.2" in l for l in left if l != stubborn)
+
+
+def test_a_read_that_fails_in_the_one_at_a_time_pass_is_reported(conf):
+    fake = FakeBackend(text(*DEAD))
+    fake.fail_batches = True
+    reads = []
+
+    def read(family):
+        reads.append(family)
+        if len(reads) > APPLY_ATTEMPTS:
+            raise BackendError("iptables-save failed")
+        return FakeBackend.read(fake, family)
+
+    fake.read = read
+    outcome = run(conf, fake)
+    assert any("iptables-save failed" in e for e in outcome.errors) and len(outcome.failed) == 2
+
+
+def test_a_missing_tool_matters_only_for_a_family_with_dead_addresses(conf):
+    fake = FakeBackend(text(*DEAD))
+
+    def no_ip6tables(family):
+        if family == 6:
+            raise BackendError("no ip6tables on PATH")
+        return fake
+
+    orphan = Target(NET, "dead-a", "", frozenset(), whole=True, any_source=True)  # known by its tags only
+    outcome = clean([orphan], [], conf, backend_for=no_ip6tables)
+    assert not outcome.errors and not outcome.failed and 6 not in outcome.backends
+    dual = Target(NET, "dead-b", "eth0", frozenset({"172.26.64.3", "fd00::3"}), whole=True)
+    outcome = clean([dual], [], conf, backend_for=no_ip6tables)
+    assert outcome.errors == ["ipv6: no ip6tables on PATH"] and outcome.failed == {dual.key}
+
+
+def test_applying_twice_changes_nothing(conf):
+    """Neutron's rule: after a clean-up, the same clean-up finds nothing and sends no transaction."""
+    fake = FakeBackend(text(*DEAD, LIVE))
+    run(conf, fake)
+    after, sent = fake.text[4], len(fake.transactions)
+    outcome = run(conf, fake)
+    assert fake.text[4] == after and len(fake.transactions) == sent and not outcome.removed
+
+
+def test_a_dry_run_plans_and_changes_nothing(conf):
+    fake = FakeBackend(text(*DEAD, LIVE))
+    outcome = run(conf, fake, dry_run=True)
+    assert fake.transactions == [] and fake.text[4] == text(*DEAD, LIVE)
+    assert sorted(k[1] for k in outcome.removed) == ["dead-a", "dead-b"]
