@@ -134,24 +134,37 @@ def _time_ok(v: Any) -> bool:
             and mi < 60 and sec < 60)
 
 
-def _keys(d: Any, required: tuple, optional: tuple = ()) -> bool:
-    return isinstance(d, dict) and all(k in d for k in required) and all(k in required or k in optional for k in d)
+def _keys(d: Any, required: frozenset, optional: frozenset = frozenset()) -> bool:
+    if not isinstance(d, dict):
+        return False
+    keys = d.keys()
+    return keys == required or (keys >= required and keys <= required | optional)
+
+
+_INCARNATION = frozenset(("netns", "netnsId", "ips", "portMappings", "createdAt"))
+_NETNS_ID = frozenset(("dev", "ino"))
+_IP = frozenset(("address", "prefix", "family"))
+_PORT = frozenset(("hostPort", "containerPort", "protocol", "hostIP"))
+_RECORD = frozenset(("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs", "pluginVersion",
+                     "deleted"))
+_TOMBSTONE = frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings"))
+_TOMBSTONE_OPTIONAL = frozenset(("verify",))
 
 
 def _incarnation_problem(inc: Any) -> str | None:
-    if not _keys(inc, ("netns", "netnsId", "ips", "portMappings", "createdAt")):
+    if not _keys(inc, _INCARNATION):
         return "incarnation: not an object with exactly netns, netnsId, ips, portMappings, createdAt"
     if not isinstance(inc["netns"], str) or not _time_ok(inc["createdAt"]):
         return "incarnation: bad netns or createdAt"
     ns = inc["netnsId"]
-    if ns is not None and not (_keys(ns, ("dev", "ino")) and _is_int(ns["dev"]) and _is_int(ns["ino"])):
+    if ns is not None and not (_keys(ns, _NETNS_ID) and _is_int(ns["dev"]) and _is_int(ns["ino"])):
         return "incarnation: bad netnsId"
     if not isinstance(inc["ips"], list) or not all(
-            _keys(ip, ("address", "prefix", "family")) and isinstance(ip["address"], str) and _is_int(ip["prefix"])
+            _keys(ip, _IP) and isinstance(ip["address"], str) and _is_int(ip["prefix"])
             and 0 <= ip["prefix"] <= 128 and _is_int(ip["family"]) and ip["family"] in (4, 6) for ip in inc["ips"]):
         return "incarnation: bad ips entry"
     if not isinstance(inc["portMappings"], list) or not all(
-            _keys(p, ("hostPort", "containerPort", "protocol", "hostIP")) and _is_int(p["hostPort"])
+            _keys(p, _PORT) and _is_int(p["hostPort"])
             and 1 <= p["hostPort"] <= 65535 and _is_int(p["containerPort"]) and 1 <= p["containerPort"] <= 65535
             and p["protocol"] in PROTOCOLS and isinstance(p["hostIP"], str) for p in inc["portMappings"]):
         return "incarnation: bad portMappings entry"
@@ -160,8 +173,7 @@ def _incarnation_problem(inc: Any) -> str | None:
 
 def problem(data: Any) -> str | None:
     """Why `data` is not a record (None when it is one): what models.Record says, in plain Python."""
-    if not _keys(data, ("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs",
-                        "pluginVersion", "deleted")):
+    if not _keys(data, _RECORD):
         return "not an object with exactly the record's keys"
     if not _is_int(data["schema"]) or data["schema"] != SCHEMA:
         return f"schema {data['schema']!r} is not {SCHEMA}"
@@ -178,7 +190,7 @@ def problem(data: Any) -> str | None:
         return "cniArgs must map strings to strings"
     dead = data["deleted"]
     if dead is not None and not (
-            _keys(dead, ("at", "netnsGone", "hadPrevResult", "hadPortMappings"), ("verify",)) and _time_ok(dead["at"])
+            _keys(dead, _TOMBSTONE, _TOMBSTONE_OPTIONAL) and _time_ok(dead["at"])
             and all(isinstance(v, bool) for k, v in dead.items() if k != "at")):
         return "bad tombstone"
     return None
