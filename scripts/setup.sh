@@ -10,7 +10,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-APT_PACKAGES=(iptables nftables iproute2 procps containernetworking-plugins golang-go
+APT_PACKAGES=(iptables nftables conntrack iproute2 procps containernetworking-plugins golang-go
   golang-github-containerd-go-cni-dev python3 python3-venv python3-dev gcc)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

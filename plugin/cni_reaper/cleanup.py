@@ -69,7 +69,8 @@ def clean(targets: list[Target], live_records, conf, backend_for=None, tombstone
           dry_run: bool = False) -> Outcome:
     """Remove what `targets` left behind, in both families, and their reservations. Never raises: failures
     are logged and reported in the outcome (the caller keeps the record for a retry). `live_records` hold
-    addresses that must stay protected; `backend_for(family)` gives the backend (default: netfilter.select);
+    addresses that must stay protected; `backend_for(4 | 6 | "native")` gives the backends (default:
+    netfilter.select and the native nftables backend);
     `tombstoned_keys`: attachments whose DEL finished (host-local has released their addresses, so a
     reservation naming them is a newer life's). With dry_run, plan and report only: nothing is changed."""
     outcome = Outcome()
@@ -92,6 +93,7 @@ def clean(targets: list[Target], live_records, conf, backend_for=None, tombstone
             try:
                 protected = _protected(targets, live_records, all_dirs, fresh_owner_ok)
                 _clean_netfilter(targets, protected, conf, backend_for, outcome, dry_run)
+                _clear_conntrack(targets, protected, outcome, dry_run)
                 for t in targets:
                     # after a finished DEL host-local has released X's addresses: any naming X now are a newer life's
                     if "reservation" not in t.parts or t.key in tombstoned_keys:
@@ -128,16 +130,27 @@ def _families(targets: list[Target]) -> list[int]:
     return sorted(fams)
 
 
+class _Domain:
+    """Tables cleaned as one unit, with one kind of backend: an iptables family (`ipv4`, `ipv6`) or the
+    plugins' native nftables tables (`nft`)."""
+
+    def __init__(self, label: str, read, plan_fn, apply) -> None:
+        self.label, self.read, self.plan, self.apply = label, read, plan_fn, apply
+
+
 def _clean_netfilter(targets, protected, conf, backend_for, outcome: Outcome, dry_run: bool = False) -> None:
-    """Each family on its own backend: the flavour of its own tool (iptables, ip6tables), as the plugins
-    that made the rules chose it."""
-    from .netfilter import BackendError, LockHeld, select
+    """Each iptables family on its own backend (the flavour of its own tool, as the plugins that made the
+    rules chose it), then the native nftables tables. `backend_for(4 | 6 | "native")` may stand in for the
+    real backends (tests); it may answer None for a key it does not serve."""
+    from .netfilter import BackendError, select
+    from .netfilter.nftables import NftBackend
+    from .plan import plan_native
 
     wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
     if not wanted:
         return
-    owners = {(t.network, t.container_id): t.key for t in wanted}
     known = {6 if ":" in ip else 4 for t in wanted for ip in t.dead_ips}
+    domains = []
     for family in _families(wanted):
         try:
             backend = backend_for(family) if backend_for else select(conf.backend, family)
@@ -146,49 +159,86 @@ def _clean_netfilter(targets, protected, conf, backend_for, outcome: Outcome, dr
                 outcome.errors.append(f"ipv{family}: {exc}")
                 outcome.failed |= {t.key for t in wanted}
             continue  # otherwise: no tool, so no plugin made rules in this family
+        if backend is None:
+            continue
         outcome.backends[family] = backend.name
-        last_error = None
-        for _attempt in range(APPLY_ATTEMPTS):
-            try:
-                tables = backend.read(family)
-                p = plan(tables, wanted, family, protected)
-                del tables  # the plan keeps what it needs; a backend may read the tables again to apply
-                if p.ops and not dry_run:
-                    backend.apply(family, p.ops)
-                for op in p.ops:
-                    outcome.note(owners[op.owner], f"ipv{family} {op.table} {op.chain}: {op.what}")
-                outcome.skipped += p.skipped
-                last_error = None
-                break
-            except LockHeld as exc:  # someone holds the tables: no point in retrying now; a later call will
-                outcome.errors.append(f"ipv{family}: {exc}")
-                outcome.failed |= {t.key for t in wanted}
-                last_error = None
-                break
-            except BackendError as exc:  # a concurrent writer changed the table: re-read and retry
-                last_error = exc
-        if last_error is not None:
-            _apply_one_by_one(backend, family, wanted, protected, outcome)
+        domains.append(_Domain(f"ipv{family}", lambda b=backend, f=family: b.read(f),
+                               lambda tables, f=family: plan(tables, wanted, f, protected),
+                               lambda ops, b=backend, f=family: b.apply(f, ops)))
+    native = [t for t in wanted if t.parts & {"masq", "dnat"}]
+    nft = backend_for("native") if backend_for else NftBackend()
+    if native and nft is not None:
+        domains.append(_Domain("nft", nft.read, lambda rules: plan_native(rules, native), nft.apply))
+    for domain in domains:
+        _clean_domain(domain, wanted, outcome, dry_run)
 
 
-def _apply_one_by_one(backend, family, targets, protected, outcome: Outcome) -> None:
+def _clean_domain(domain: _Domain, wanted: list[Target], outcome: Outcome, dry_run: bool) -> None:
+    """Read, plan, apply in one transaction; on failure (a concurrent writer changed the tables) read, plan and
+    try again; then one operation at a time. A held xtables lock stops at once: a later call will retry."""
+    from .netfilter import BackendError, LockHeld
+
+    owners = {(t.network, t.container_id): t.key for t in wanted}
+    last_error = None
+    for _attempt in range(APPLY_ATTEMPTS):
+        try:
+            p = domain.plan(domain.read())  # the plan keeps what it needs of the tables, not the tables
+            if p.ops and not dry_run:
+                domain.apply(p.ops)
+            for op in p.ops:
+                outcome.note(owners[op.owner], f"{domain.label} {op.table} {op.chain}: {op.what}")
+            outcome.skipped += p.skipped
+            return
+        except LockHeld as exc:
+            outcome.errors.append(f"{domain.label}: {exc}")
+            outcome.failed |= {t.key for t in wanted}
+            return
+        except BackendError as exc:
+            last_error = exc
+    if last_error is not None:
+        _apply_one_by_one(domain, wanted, outcome)
+
+
+def _apply_one_by_one(domain: _Domain, targets: list[Target], outcome: Outcome) -> None:
     """The transaction kept failing: apply each operation alone so that one stubborn rule does not keep the
     rest. Whatever fails is logged and the owner's record is kept for a later retry."""
     from .netfilter import BackendError
 
     try:
-        p = plan(backend.read(family), targets, family, protected)
+        p = domain.plan(domain.read())
     except BackendError as exc:
-        outcome.errors.append(f"ipv{family}: {exc}")
+        outcome.errors.append(f"{domain.label}: {exc}")
         outcome.failed |= {t.key for t in targets}
         return
     owners = {(t.network, t.container_id): t.key for t in targets}
     for op in p.ops:
         owner = owners[op.owner]
         try:
-            backend.apply(family, [op])
-            outcome.note(owner, f"ipv{family} {op.table} {op.chain}: {op.what}")
+            domain.apply([op])
+            outcome.note(owner, f"{domain.label} {op.table} {op.chain}: {op.what}")
         except BackendError as exc:
-            outcome.errors.append(f"ipv{family} {op.table} {op.chain} ({op.what}): {exc}")
+            outcome.errors.append(f"{domain.label} {op.table} {op.chain} ({op.what}): {exc}")
             outcome.failed.add(owner)
     outcome.skipped += p.skipped
+
+
+def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, dry_run: bool) -> None:
+    """Once a dead attachment's rules are gone: the conntrack entries whose reply source or original
+    destination is one of its dead addresses, never for an address someone else holds (protected)."""
+    from . import conntrack
+
+    owner_of: dict[str, tuple[str, str, str]] = {}
+    for t in targets:
+        if "conntrack" in t.parts and t.key not in outcome.failed:
+            for ip in t.dead_ips - protected.get(t.key, set()):
+                owner_of.setdefault(ip, t.key)
+    if not owner_of:
+        return
+    try:
+        counts = conntrack.count(set(owner_of)) if dry_run else conntrack.clear(set(owner_of))
+    except conntrack.ConntrackError as exc:
+        if exc.errno not in conntrack.UNAVAILABLE:
+            outcome.errors.append(f"conntrack: {exc}")  # the entries expire in time; the records are not kept
+        return
+    for ip, n in sorted(counts.items()):
+        outcome.note(owner_of[ip], f"conntrack: {n} entr{'y' if n == 1 else 'ies'} of {ip}")

@@ -11,7 +11,8 @@ operations that remove exactly what those lives left behind:
   the old CNI-SN-<hash> chain and its tagged jumps likewise;
 - firewall: the two untagged CNI-FORWARD rules of a dead IP, in exactly the firewall plugin's shape, unless
   the IP is protected (held by a live attachment or reserved by someone else).
-Shared chains and anything not matching these shapes are never touched.
+Shared chains and anything not matching these shapes are never touched. `plan_native` does the same for the
+native nftables tables of plugins 1.6 and later.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .netfilter import chains
+from .netfilter import chains, native
+from .netfilter.native import NativeOp, NativeRule
 from .netfilter.rules import Op, Rule, Table, chain_op, rule_op
 
-PARTS = frozenset({"masq", "dnat", "forward", "reservation"})
+# masq: bridge's masquerade (iptables chain and jump, or native rules); dnat: portmap's (iptables or native);
+# forward: the firewall plugin's CNI-FORWARD rules; reservation: host-local's; conntrack: the entries that
+# still point at the dead addresses
+PARTS = frozenset({"masq", "dnat", "forward", "reservation", "conntrack"})
 _TAG = re.compile(r'^(?:(dnat|snat) )?name: "([^"]*)" id: "([^"]*)"$')
 
 
@@ -188,4 +193,63 @@ def tagged_networks(tables: dict[str, Table]) -> dict[tuple[str, str], set[str]]
         ips = out.setdefault((network, cid), set())
         if m.group(1) is None and rule.source_ip:
             ips.add(rule.source_ip)
+    return out
+
+
+# -- the native nftables tables of plugins 1.6+ ------------------------------------------------------
+@dataclass
+class NativePlan:
+    ops: list[NativeOp] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def plan_native(rules: list[NativeRule], targets: list[Target]) -> NativePlan:
+    """Deletions in the plugins' native tables (netfilter/native.py says which): a masquerade rule is the
+    target's when its comment carries the target's hash (network, ifname, container ID) and its source is
+    one of the dead addresses; a portmap rule when its comment is the container ID and it DNATs or
+    masquerades to one of the dead addresses. Every other rule, chain and table stays."""
+    out = NativePlan()
+    masq = [r for r in rules if (r.family, r.table) == native.MASQ_TABLE and r.chain == native.MASQ_CHAIN
+            and r.action == "masquerade" and r.comment]
+    hostport = [r for r in rules if (r.family, r.table) in native.HOSTPORT_TABLES and r.comment]
+    by_comment: dict[str, list[NativeRule]] = {}
+    for r in hostport:
+        by_comment.setdefault(r.comment or "", []).append(r)
+    seen: set[tuple[str, str, int]] = set()
+
+    def delete(r: NativeRule, owner: tuple[str, str], what: str) -> None:
+        if (r.family, r.table, r.handle) not in seen:
+            seen.add((r.family, r.table, r.handle))
+            out.ops.append(NativeOp(r.family, r.table, r.chain, r.handle, owner, what))
+
+    for t in targets:
+        owner = (t.network, t.container_id)
+        if "masq" in t.parts:
+            prefix = native.masq_hash(t.network, t.ifname, t.container_id) + "," if t.ifname else None
+            for r in masq:
+                comment = r.comment or ""
+                mine = comment.startswith(prefix) if prefix else (
+                    (native.masq_owner(comment) or ("", "", ""))[0::2] == (t.network, t.container_id))
+                if mine and (t.any_source or r.saddr in t.dead_ips):
+                    delete(r, owner, f"native masquerade for {r.saddr}")
+        if "dnat" in t.parts:
+            for r in by_comment.get(t.container_id, []):
+                if r.chain in native.DNAT_CHAINS and r.action == "dnat" and r.dnat_addr in t.dead_ips:
+                    delete(r, owner, f"native DNAT to {r.dnat_addr}")
+                elif r.chain == native.HOSTPORT_MASQ_CHAIN and r.action == "masquerade" and r.daddr in t.dead_ips:
+                    delete(r, owner, f"native hostport masquerade for {r.daddr} from {r.saddr}")
+    return out
+
+
+def tagged_natively(rules: list[NativeRule]) -> dict[tuple[str, str], set[str]]:
+    """(network, container ID) of every native masquerade rule whose comment proves its owner, with the
+    rule's source addresses: how attachments cni-reaper never recorded are found in the native tables."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for r in rules:
+        if (r.family, r.table) == native.MASQ_TABLE and r.chain == native.MASQ_CHAIN and r.comment:
+            who = native.masq_owner(r.comment)
+            if who is not None:
+                ips = out.setdefault((who[0], who[2]), set())
+                if r.saddr:
+                    ips.add(r.saddr)
     return out

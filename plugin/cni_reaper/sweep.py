@@ -57,12 +57,15 @@ def stale(records: list[dict], states: dict, exclude: frozenset) -> bool:
 
 # -- what cni-reaper never recorded: found by the plugins' own tags ---------------------------------
 def tagged_in_tables(backend_name: str) -> dict[tuple[str, str], set[str]]:
-    """(network, container ID) of every attachment tagged in the nat tables of both families, with the source
-    IPs of its masquerade jumps."""
+    """(network, container ID) of every attachment tagged in the nat tables of both families and in the
+    plugins' native nftables tables, with the source IPs of its masquerade rules."""
     from .netfilter import BackendError, select
-    from .plan import tagged_networks
+    from .netfilter.nftables import NftBackend
+    from .plan import tagged_natively, tagged_networks
 
     found: dict[tuple[str, str], set[str]] = {}
+    for owner, addresses in tagged_natively(NftBackend().read()).items():
+        found.setdefault(owner, set()).update(addresses)
     for family in (4, 6):
         try:
             backend = select(backend_name, family)

@@ -86,3 +86,17 @@ def test_gc_removes_nothing(plain):
     gc = sb.driver("gc", conflist=conflist)
     assert gc.returncode == 0, gc.stderr
     assert sb.residue("nomad-reaper", cid, ips) == left
+
+
+def test_native_masquerade_makes_every_live_del_fail_on_a_host_with_iptables(tmp_path, flavour, package_exe):
+    """bridge 1.9.x with `ipMasqBackend: nftables`: the DEL of a live attachment tears down both backends, and
+    the iptables one deletes a jump to a chain that was never made; iptables refuses, and the whole chain's
+    DEL fails (its native rules are gone by then). cni-reaper cannot help (it runs first on DEL); the
+    tombstone it leaves is cleaned once the netns is gone."""
+    with open_sandbox(tmp_path, flavour, package_exe, Stack("1.9")) as sb:
+        conflist = sb.native_conflist(without_reaper=True)
+        cid, netns = unique("alloc-"), sb.container()
+        ips_of(sb.driver("add", cid, netns, PORTS, conflist))
+        proc = sb.driver("del", cid, netns, PORTS, conflist)
+        assert proc.returncode != 0 and 'plugin type="bridge" failed (delete)' in proc.stderr, proc.stderr
+        assert not [r for r in sb.native_rules() if cid in r]

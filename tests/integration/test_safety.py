@@ -1,17 +1,29 @@
-"""The safety property, randomized (seeded, reproducible): tables holding live attachments, dead ones, other
-networks, tagged attachments cni-reaper never recorded, Docker-style chains, user rules and look-alikes.
-After a verb, exactly the dead attachments' artifacts are gone and every other line is identical
-(counters ignored). Both flavours. CNI_REAPER_SAFETY_SEEDS sets how many layouts (8 by default)."""
+"""The safety property, randomized (seeded, reproducible): iptables and the plugins' native nftables tables
+holding live attachments, dead ones, other networks, tagged attachments cni-reaper never recorded,
+Docker-style chains, user rules and look-alikes, and conntrack entries of all of them. After a verb, exactly
+the dead attachments' artifacts and entries are gone and every other line and entry is identical (counters
+ignored). Both flavours. CNI_REAPER_SAFETY_SEEDS sets how many layouts (8 by default)."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 
 import pytest
 
-from testkit.artifacts import chain, leak, restore_text, write_records, write_reservations
+from cni_reaper.netfilter.native import masq_hash
+from testkit.artifacts import (
+    NATIVE_SETUP,
+    chain,
+    conntrack_entry,
+    leak,
+    native_leak,
+    restore_text,
+    write_records,
+    write_reservations,
+)
 from testkit.sandbox import Sandbox
 
 pytestmark = pytest.mark.netns
@@ -53,9 +65,36 @@ def layout(sb: Sandbox, rng: random.Random, seed: int):
     filt.insert(rng.randint(0, len(filt)), lookalikes_filter.pop())
     text = restore_text(nat + lookalikes_nat, [":DOCKER-USER - [0:0]"] + filt + lookalikes_filter)
     sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=text, check=True)
+    # the same attachments in the plugins' native tables (some hosts run both), look-alikes among them
+    native = [NATIVE_SETUP, "add table ip users", "add chain ip users c"]
+    for cid, ip, port, *_ in live + dead + orphans:
+        native += native_leak(NET, cid, ip, port + 10000)
+    for cid, ip, port in other:
+        native += native_leak("other-net", cid, ip, port + 10000)
+    live_ip = live[0][1]
+    native += [  # a comment naming the victim without its hash; the victim's ID on a rule to a live IP
+        f'add rule inet cni_plugins_masquerade masq_checks ip saddr {victim[1]} masquerade comment "net: {NET}, if: eth0, id: {victim[0]}"',
+        f'add rule ip cni_hostport hostports tcp dport 65000 dnat to {live_ip}:80 comment "{victim[0]}"',
+        f'add rule ip cni_hostport hostports tcp dport 65001 dnat to {victim[1]}:80 comment "someone-else"',
+        f'add rule ip users c ip saddr {victim[1]} counter comment "{victim[0]}"']
+    rules = native[3:]
+    rng.shuffle(rules)  # the look-alikes land before, between and after the real rules
+    native = native[:3] + rules
+    sb.run(["nft", "-f", "-"], input="\n".join(native) + "\n", check=True)
+    for _cid, ip, port, *_ in live + dead + orphans:
+        sb.run(["conntrack", *conntrack_entry(ip, port)], check=True)
+    sb.run(["conntrack", *conntrack_entry("10.200.0.9", 1)], check=True)  # nobody's
     write_records(sb.state_dir(), NET, live + dead)
     write_reservations(sb.cni_dir / "networks", NET, [(c, ip) for c, ip, _, _ in live + dead] + [(c, ip) for c, ip, _ in orphans])
     return live, dead, orphans, live_ns
+
+
+def native_owned(rule: str, cid: str, ip: str) -> bool:
+    """A line of Sandbox.native_rules() that the plugins made for (NET, cid) with address ip."""
+    has_ip = re.search(rf"(?<![\d.]){re.escape(ip)}(?![\d])", rule) is not None
+    if " masq_checks: " in rule:
+        return has_ip and f'comment "{masq_hash(NET, "eth0", cid)},' in rule
+    return has_ip and rule.endswith(f'comment "{cid}"')
 
 
 def dead_lines(sb: Sandbox, dead) -> set[str]:
@@ -72,6 +111,8 @@ def test_after_any_verb_exactly_the_dead_are_gone(tmp_path, flavour, package_exe
     with Sandbox(tmp_path, flavour, package_exe, driver_bin) as sb:
         live, dead, orphans, live_ns = layout(sb, rng, seed)
         before = sb.tables().splitlines()
+        native_before = sb.native_rules()
+        native_doomed = {r for r in native_before if any(native_owned(r, cid, ip) for cid, ip, _, _ in dead)}
         doomed = dead_lines(sb, dead)
         assert doomed, "the layout planted nothing dead"
         expected = [l for l in before if l not in doomed]
@@ -88,6 +129,11 @@ def test_after_any_verb_exactly_the_dead_are_gone(tmp_path, flavour, package_exe
             rc, out, err = sb.status()
         assert rc == 0, (verb, out, err)
         assert sb.tables().splitlines() == expected, f"seed {seed}, verb {verb}"
+        assert len(native_doomed) == 5 * len(dead)
+        assert sb.native_rules() == [r for r in native_before if r not in native_doomed], f"seed {seed}, verb {verb}"
+        flows = sb.run(["conntrack", "-L"]).stdout
+        assert not [ip for _, ip, _, _ in dead if f"src={ip} " in flows], flows
+        assert all(f"src={ip} " in flows for _, ip, *_ in live + orphans) and "src=10.200.0.9 " in flows
         reserved = sb.reservations(NET)
         assert not {c for c, *_ in dead} & set(reserved.values())
         assert {c for c, *_ in live + orphans} <= set(reserved.values())

@@ -77,3 +77,37 @@ def write_reservations(ipam_dir: Path, network: str, items: list[tuple[str, str]
     d.mkdir(parents=True, exist_ok=True)
     for cid, ip in items:
         (d / ip).write_text(f"{cid}\r\neth0")
+
+
+# -- native nftables (plugins 1.6+) and conntrack -------------------------------------------------------
+NATIVE_SETUP = """table inet cni_plugins_masquerade {
+  chain masq_checks { }
+  chain postrouting { type nat hook postrouting priority srcnat; policy accept; goto masq_checks; }
+}
+table ip cni_hostport {
+  chain hostports { }
+  chain hostip_hostports { }
+  chain hostports_all { jump hostip_hostports; jump hostports; }
+  chain prerouting { type nat hook prerouting priority dstnat; policy accept; fib daddr type local jump hostports_all; }
+  chain masquerading { type nat hook postrouting priority srcnat; policy accept; }
+}
+"""
+
+
+def native_leak(network: str, cid: str, ip: str, port: int, ifname: str = "eth0", subnet: str = "172.26.0.0/16") -> list[str]:
+    """`nft -f` lines for what bridge (ipMasqBackend nftables) and portmap (backend nftables) make for one
+    IPv4 attachment, with the comments they write."""
+    from cni_reaper.netfilter.native import masq_hash
+
+    comment = f"{masq_hash(network, ifname, cid)}, net: {network}, if: {ifname}, id: {cid}"
+    return [f'add rule inet cni_plugins_masquerade masq_checks ip saddr {ip} ip daddr != {subnet} masquerade comment "{comment}"',
+            f'add rule ip cni_hostport hostports tcp dport {port} dnat to {ip}:80 comment "{cid}"',
+            f'add rule ip cni_hostport hostports udp dport {port} dnat to {ip}:80 comment "{cid}"',
+            f'add rule ip cni_hostport masquerading ip saddr {ip} ip daddr {ip} masquerade comment "{cid}"',
+            f'add rule ip cni_hostport masquerading ip saddr 127.0.0.1 ip daddr {ip} masquerade comment "{cid}"']
+
+
+def conntrack_entry(reply_src: str, port: int) -> list[str]:
+    """`conntrack -I` arguments for a UDP flow from a client to a host port, DNATed to `reply_src`."""
+    return ["-I", "-p", "udp", "-s", "192.0.2.1", "-d", "198.51.100.1", "--sport", str(port), "--dport", "53",
+            "-r", reply_src, "-q", "192.0.2.1", "--reply-port-src", "53", "--reply-port-dst", str(port), "-t", "300"]

@@ -345,6 +345,64 @@ class Sandbox:
                 " print(s.recv(100).decode())\nexcept socket.timeout:\n print('timeout')\nexcept OSError as e:\n print('refused', e)")
         return self.run([sys.executable, "-c", code, ip, str(port), str(timeout)]).stdout.strip()
 
+    # -- native nftables, a client outside, UDP streams ---------------------------------------------
+    def native_conflist(self, name: str = "nomad-reaper.conflist", without_reaper: bool = False, **reaper_conf) -> Path:
+        """A shipped conflist with the plugins' native nftables backends (bridge `ipMasqBackend`, portmap
+        `backend`; plugins 1.6+)."""
+        data = json.loads(self.shipped(name).read_text())
+        for plugin in data["plugins"]:
+            if plugin["type"] == "bridge":
+                plugin["ipMasqBackend"] = "nftables"
+            if plugin["type"] == "portmap":
+                plugin["backend"] = "nftables"
+        path = self.root / f"native-{name}"
+        path.write_text(json.dumps(data))
+        return self.conflist(path, without_reaper=without_reaper, **reaper_conf)
+
+    NATIVE_TABLES = (("inet", "cni_plugins_masquerade"), ("ip", "cni_hostport"), ("ip6", "cni_hostport"))
+
+    def native_rules(self) -> list[str]:
+        """The rules of the plugins' native tables, one line each as `nft` prints them (handles aside)."""
+        out = []
+        for family, table in self.NATIVE_TABLES:
+            proc = self.run(["nft", "list", "table", family, table])
+            chain = ""
+            for line in proc.stdout.splitlines():
+                line = line.strip()
+                if line.startswith("chain "):
+                    chain = line.split()[1]
+                elif line and not line.startswith(("type ", "comment ", "}", "table ")):
+                    out.append(f"{family} {table} {chain}: {line}")
+        return out
+
+    def outside(self) -> tuple[str, str]:
+        """A client's netns outside the host, joined to it by a veth: (its netns name, the host's address)."""
+        name = unique("crt-x")
+        sh("ip", "netns", "add", name)
+        self.containers.append(name)
+        host_if, peer = unique("vh"), unique("vc")
+        self.run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", peer], check=True)
+        self.run(["ip", "link", "set", peer, "netns", name], check=True)
+        self.run(["sh", "-c", f"ip addr add 10.250.0.1/24 dev {host_if} && ip link set {host_if} up"], check=True)
+        sh("ip", "netns", "exec", name, "sh", "-c",
+           f"ip addr add 10.250.0.2/24 dev {peer} && ip link set {peer} up && ip link set lo up && "
+           f"ip route add default via 10.250.0.1")
+        return name, "10.250.0.1"
+
+    def udp_sender(self, netns_name: str, dest: str, port: int, every: float = 0.025) -> subprocess.Popen:
+        """A client that keeps sending UDP to dest:port from one source port (as DNS or statsd clients do)."""
+        code = ("import socket,sys,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('0.0.0.0',40053))\n"
+                "i=0\nwhile True:\n s.sendto(str(i).encode(),(sys.argv[1],int(sys.argv[2])));i+=1;time.sleep(float(sys.argv[3]))")
+        return subprocess.Popen(["ip", "netns", "exec", netns_name, sys.executable, "-c", code, dest, str(port), str(every)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def udp_receiver(self, netns: str, port: int) -> subprocess.Popen:
+        """A UDP server in a container netns that prints the time of every datagram it receives."""
+        code = ("import socket,sys,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('0.0.0.0',int(sys.argv[1])))\n"
+                "while True:\n s.recvfrom(100);print(time.time(),flush=True)")
+        return subprocess.Popen(["ip", "netns", "exec", os.path.basename(netns), sys.executable, "-c", code, str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
     def state_dir(self) -> Path:
         return self.cni_dir / "reaper"
 

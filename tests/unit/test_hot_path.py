@@ -12,7 +12,8 @@ import sys
 from testkit.cni import NETNS, conf, prev_result
 
 HEAVY = ("pydantic", "pydantic_core", "pyroute2", "iptc", "ipaddress", "subprocess", "datetime", "hashlib",
-         "cni_reaper.cleanup", "cni_reaper.netfilter", "cni_reaper.plan", "cni_reaper.models")
+         "cni_reaper.cleanup", "cni_reaper.netfilter", "cni_reaper.plan", "cni_reaper.models", "cni_reaper.conntrack",
+         "socket")
 
 PROBE = """
 import io, json, os, sys

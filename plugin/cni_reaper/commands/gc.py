@@ -62,7 +62,7 @@ def reservation_targets(conf, still_used) -> list:
         held = sorted(d.reservations().items())
     finally:
         d.close()
-    return [Target(conf.name, cid, ifname, frozenset({ip}), whole=True, parts=frozenset({"reservation"}))
+    return [Target(conf.name, cid, ifname, frozenset({ip}), whole=True, parts=frozenset({"reservation", "conntrack"}))
             for ip, (cid, ifname) in held if not still_used(cid, ifname)]
 
 

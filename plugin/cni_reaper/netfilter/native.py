@@ -1,0 +1,125 @@
+"""The native nftables tables of the reference plugins 1.6 and later, as cni-reaper reads and deletes them:
+their rules parsed from `nft -j` output, and the deletions (by handle, one `nft -f` transaction).
+
+- bridge (`"ipMasqBackend": "nftables"`): table `inet cni_plugins_masquerade`, chain `masq_checks`, per
+  attachment `ip saddr <ip> ip daddr != <subnet> masquerade comment "<hash(N)>-<hash(IF:X)>, net: N, if: IF,
+  id: X"` (and the ip6 twin);
+- portmap (`"backend": "nftables"`): tables `ip cni_hostport` and `ip6 cni_hostport`, chains `hostports` and
+  `hostip_hostports` (`tcp dport P dnat to <ip>:<port> comment "X"`) and `masquerading` (`ip saddr <ip> ip daddr
+  <ip> masquerade comment "X"`, and from 127.0.0.1).
+The tables, their hook chains and every rule without such a comment belong to everyone and are never deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+MASQ_TABLE = ("inet", "cni_plugins_masquerade")
+MASQ_CHAIN = "masq_checks"
+HOSTPORT_TABLES = (("ip", "cni_hostport"), ("ip6", "cni_hostport"))
+DNAT_CHAINS = ("hostports", "hostip_hostports")
+HOSTPORT_MASQ_CHAIN = "masquerading"
+TABLES = (MASQ_TABLE, *HOSTPORT_TABLES)
+COMMENT_MAX = 128  # knftables.CommentLengthMax: longer comments are cut
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha512(text.encode()).hexdigest()[:16]
+
+
+def masq_hash(network: str, ifname: str, container_id: str) -> str:
+    """The start of the comment bridge gives an attachment's native masquerade rules (hashForInstance)."""
+    return f"{_hash(network)}-{_hash(ifname + ':' + container_id)}"
+
+
+def masq_owner(comment: str) -> tuple[str, str, str] | None:
+    """(network, ifname, container ID) a native masquerade comment names, when its hash proves it (a cut
+    comment, or a look-alike, names nothing)."""
+    head, sep, rest = comment.partition(", net: ")
+    network, sep2, rest = rest.partition(", if: ")
+    ifname, sep3, cid = rest.partition(", id: ")
+    if not (sep and sep2 and sep3) or masq_hash(network, ifname, cid) != head:
+        return None
+    return network, ifname, cid
+
+
+@dataclass(frozen=True)
+class NativeRule:
+    __slots__ = ("action", "chain", "comment", "daddr", "dnat_addr", "family", "handle", "saddr", "table")
+    family: str  # the table's family: inet, ip, ip6
+    table: str
+    chain: str
+    handle: int
+    comment: str | None
+    saddr: str | None  # `ip saddr X` / `ip6 saddr X`
+    daddr: str | None  # `ip daddr X` (an exact address; a prefix or a negation is not kept)
+    dnat_addr: str | None  # `dnat to X:port`
+    action: str | None  # "masquerade", "dnat", or None
+
+    @property
+    def where(self) -> tuple[str, str, str]:
+        return (self.family, self.table, self.chain)
+
+
+def _match_addr(expr: dict, field: str) -> str | None:
+    m = expr.get("match")
+    if not isinstance(m, dict) or m.get("op") != "==":
+        return None
+    left = m.get("left")
+    payload = left.get("payload") if isinstance(left, dict) else None
+    if isinstance(payload, dict) and payload.get("protocol") in ("ip", "ip6") and payload.get("field") == field:
+        right = m.get("right")
+        return right if isinstance(right, str) else None
+    return None
+
+
+def parse_rule(rule: dict) -> NativeRule | None:
+    try:
+        exprs = rule.get("expr") or []
+        saddr = daddr = dnat = action = None
+        for e in exprs:
+            if not isinstance(e, dict):
+                continue
+            saddr = saddr or _match_addr(e, "saddr")
+            daddr = daddr or _match_addr(e, "daddr")
+            if "masquerade" in e:
+                action = "masquerade"
+            elif isinstance(e.get("dnat"), dict):
+                action = "dnat"
+                addr = e["dnat"].get("addr")
+                dnat = addr if isinstance(addr, str) else None
+        comment = rule.get("comment")
+        return NativeRule(str(rule["family"]), str(rule["table"]), str(rule["chain"]), int(rule["handle"]),
+                          comment if isinstance(comment, str) else None, saddr, daddr, dnat, action)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def parse_json(doc: dict) -> list[NativeRule]:
+    """The rules of `nft -j list table ...` output."""
+    out = []
+    for item in doc.get("nftables", []) if isinstance(doc, dict) else []:
+        if isinstance(item, dict) and isinstance(item.get("rule"), dict):
+            rule = parse_rule(item["rule"])
+            if rule is not None:
+                out.append(rule)
+    return out
+
+
+@dataclass(frozen=True)
+class NativeOp:
+    """Delete one rule by its handle."""
+
+    __slots__ = ("chain", "family", "handle", "owner", "table", "what")
+    family: str
+    table: str
+    chain: str
+    handle: int
+    owner: tuple[str, str]
+    what: str
+
+
+def script(ops: list[NativeOp]) -> str:
+    """The `nft -f` input that applies `ops` in one transaction (all or nothing)."""
+    return "".join(f"delete rule {o.family} {o.table} {o.chain} handle {o.handle}\n" for o in ops)
