@@ -1,8 +1,11 @@
 """cni-reaper benchmarks (run by scripts/bench.sh). Every measurement runs in throwaway network namespaces.
 
-Anchors measured in the same run: the Go `portmap` plugin (the peer) and the floor (a one-folder PyInstaller
-bundle of a program that only passes prevResult through, built like cni-reaper). Pairs are interleaved
-(A B A B ...) and medians compared, so that machine noise hits both sides alike.
+Plugin calls are timed the way a runtime makes them (fork, exec, environment, stdin) from inside the host
+netns, with Nomad's request shape (each port mapped for tcp and for udp), interleaved A B A B and compared
+by medians, so that machine noise hits both sides alike. Anchors in the same run: the Go `portmap` plugin
+(the peer), the floors (a one-folder bundle of a program that only passes prevResult through, built like
+cni-reaper: `floor` with cni-reaper's bootloader, `floor-stock` with PyInstaller's own) and two limits (a
+static C program that does nothing, `python3 -I -S -c pass`).
 """
 
 from __future__ import annotations
@@ -17,63 +20,76 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-from testkit.artifacts import ip_of, leak, restore_text, write_records, write_reservations
+from testkit.artifacts import (
+    NATIVE_SETUP,
+    conntrack_entry,
+    ip_of,
+    leak,
+    native_leak,
+    restore_text,
+    write_records,
+    write_reservations,
+)
 from testkit.sandbox import Sandbox, build_driver, unique
 
-BINARY = REPO / "dist" / "cni-reaper" / "cni-reaper"
-FLOOR = REPO / "dist" / "floor" / "floor"
+REPO = Path(__file__).resolve().parent.parent
+DIST = REPO / "dist"
+BINARY = DIST / "cni-reaper" / "cni-reaper"
+FLOOR, FLOOR_STOCK = DIST / "floor" / "floor", DIST / "floor-stock" / "floor-stock"
 PORTMAP = "/usr/lib/cni/portmap"
 NETWORK = "bench"
+FLAVOURS = ("nft", "legacy")
 
-
-# -- running one plugin call, timed --------------------------------------------------------------------
 HARNESS = r"""
-import json, os, sys, time
+import json, os, sys, tempfile, time
+err_file = tempfile.TemporaryFile()
 for line in sys.stdin:
     job = json.loads(line)
     r, w = os.pipe()
     o_r, o_w = os.pipe()
-    t0 = time.perf_counter()
+    err_file.seek(0); err_file.truncate()
+    t0 = time.monotonic_ns()
     pid = os.fork()
     if pid == 0:
-        os.dup2(r, 0); os.dup2(o_w, 1)
-        devnull = os.open("/dev/null", os.O_WRONLY); os.dup2(devnull, 2)
+        os.dup2(r, 0); os.dup2(o_w, 1); os.dup2(err_file.fileno(), 2)
         os.close(w); os.close(o_r)
-        os.execve(job["exe"], [job["exe"]], job["env"])
+        argv = job.get("argv") or [job["exe"]]
+        os.execve(argv[0], argv, job["env"])
     os.close(r); os.close(o_w)
     os.write(w, job["stdin"].encode()); os.close(w)
-    chunks = []
+    out = []
     while True:
         b = os.read(o_r, 65536)
         if not b:
             break
-        chunks.append(b)
+        out.append(b)
     os.close(o_r)
     _, status, usage = os.wait4(pid, 0)
-    elapsed = time.perf_counter() - t0
-    sys.stdout.write(json.dumps({"s": elapsed, "rc": os.waitstatus_to_exitcode(status), "kib": usage.ru_maxrss,
-                                 "out": b"".join(chunks).decode()}) + "\n")
+    t1 = time.monotonic_ns()
+    err_file.seek(0)
+    err = err_file.read()
+    sys.stdout.write(json.dumps({"t0": t0, "t1": t1, "rc": os.waitstatus_to_exitcode(status), "kib": usage.ru_maxrss,
+                                 "out": b"".join(out).decode(), "err": err.decode()[-4000:]}) + "\n")
     sys.stdout.flush()
 """
 
 
 class Runner:
-    """Runs plugin calls from inside a netns the way a runtime does (fork and exec, env and stdin), so that
-    `ip netns exec`'s own cost (a mount namespace, a /sys remount) is in no measurement. Peak RSS comes
-    from wait4 on the plugin process itself."""
+    """Runs plugin calls from inside a netns the way a runtime does, so that `ip netns exec`'s own cost (a
+    mount namespace, a /sys remount) is in no measurement. Peak RSS comes from wait4 on the plugin itself."""
 
     def __init__(self, host: str, bin_dir: Path) -> None:
         self.path = f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"
         self.proc = subprocess.Popen(["ip", "netns", "exec", host, sys.executable, "-c", HARNESS],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def __call__(self, exe: str, env: dict[str, str], stdin: str) -> tuple[float, int, int, str]:
-        self.proc.stdin.write(json.dumps({"exe": exe, "env": {"PATH": self.path, **env}, "stdin": stdin}) + "\n")
+    def __call__(self, exe, env: dict[str, str], stdin: str = "", argv: list[str] | None = None) -> dict:
+        job = {"exe": str(exe), "env": {"PATH": self.path, **env}, "stdin": stdin, "argv": argv}
+        self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         r = json.loads(self.proc.stdout.readline())
-        return r["s"], r["kib"], r["rc"], r["out"]
+        r["s"] = (r["t1"] - r["t0"]) / 1e9
+        return r
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -85,39 +101,183 @@ def cni_env(command: str, cid: str = "", netns: str = "", ifname: str = "eth0") 
             "CNI_PATH": "/usr/lib/cni"}
 
 
-def conf(tmp: Path, ip: str, port: int, version: str = "1.0.0", netns: str = "") -> str:
+def conf(tmp: Path, ip: str, port: int, version: str = "1.0.0", netns: str = "", state: str = "state") -> str:
+    """What portmap and cni-reaper get from go-cni for a Nomad allocation: the port as Go fields, tcp and udp."""
     return json.dumps({
         "cniVersion": version, "name": NETWORK, "type": "bench", "snat": True,
-        "stateDir": str(tmp / "state"), "ipamDataDir": str(tmp / "ipam"), "cniCacheDir": str(tmp / "cache"),
+        "capabilities": {"portMappings": True},
+        "stateDir": str(tmp / state), "ipamDataDir": str(tmp / "ipam"), "cniCacheDir": str(tmp / "cache"),
         "logFile": "",
-        "runtimeConfig": {"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"},
-                                           {"hostPort": port, "containerPort": 80, "protocol": "udp"}]},
+        "runtimeConfig": {"portMappings": [{"HostPort": port, "ContainerPort": 80, "Protocol": p, "HostIP": ""}
+                                           for p in ("tcp", "udp")]},
         "prevResult": {"cniVersion": version, "interfaces": [{"name": "eth0", "sandbox": netns}],
                        "ips": [{"address": f"{ip}/16", "interface": 0, "gateway": "172.26.0.1"}]},
     })
+
+
+def status_conf(tmp: Path, state: str = "state") -> str:
+    return json.dumps({"cniVersion": "1.1.0", "name": NETWORK, "type": "cni-reaper", "stateDir": str(tmp / state),
+                       "ipamDataDir": str(tmp / "ipam"), "cniCacheDir": str(tmp / "cache"), "logFile": ""})
 
 
 def median_ms(xs: list[float]) -> float:
     return round(statistics.median(xs) * 1000, 2)
 
 
-def plant(sb: Sandbox, tmp: Path, n: int, live_netns: str | None = None) -> list[list[str]]:
-    """N attachments' leftovers in the sandbox's tables, N records (dead, or live on `live_netns`) and N
-    host-local reservations. Returns the per-rule removal commands (Nomad's way)."""
-    nat, filt, cmds = [], [], []
+def interleaved(pairs: int, calls: dict) -> dict[str, list[dict]]:
+    """Run each named call once per round, the order reversed every other round."""
+    out: dict[str, list[dict]] = {name: [] for name in calls}
+    names = list(calls)
+    for i in range(pairs):
+        for name in (names if i % 2 == 0 else list(reversed(names))):
+            r = calls[name](i)
+            assert r["rc"] == 0, (name, r["out"], r["err"])
+            out[name].append(r)
+    return out
+
+
+# -- limits and floors ----------------------------------------------------------------------------------
+def static_noop(tmp: Path) -> Path:
+    src, exe = tmp / "noop.c", tmp / "noop"
+    src.write_text("int main(void) { return 0; }\n")
+    subprocess.run(["gcc", "-O2", "-static", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def bench_limits(pairs: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="cni-reaper-bench-") as t:
+        tmp = Path(t)
+        noop = static_noop(tmp)
+        with Sandbox(tmp / "sb", "nft", str(BINARY)) as sb:
+            run = Runner(sb.host, sb.bin_dir)
+            doc = json.dumps({"cniVersion": "1.0.0", "prevResult": {"cniVersion": "1.0.0", "ips": []}})
+            py = "/usr/bin/python3"
+            calls = {"static C no-op": lambda i: run(noop, {}),
+                     "python3 -I -S -c pass": lambda i: run(py, {}, argv=[py, "-I", "-S", "-c", "pass"]),
+                     "floor (cni-reaper's bootloader)": lambda i: run(FLOOR, {}, doc),
+                     "floor-stock (PyInstaller's bootloader)": lambda i: run(FLOOR_STOCK, {}, doc),
+                     "cni-reaper VERSION": lambda i: run(BINARY, {"CNI_COMMAND": "VERSION"})}
+            samples = interleaved(pairs, calls)
+            run.close()
+    return {name: median_ms([r["s"] for r in rs]) for name, rs in samples.items()}
+
+
+# -- the verbs, per flavour -------------------------------------------------------------------------------
+def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="cni-reaper-bench-") as t:
+        tmp = Path(t)
+        with Sandbox(tmp / "sb", flavour, str(BINARY), driver) as sb:
+            run = Runner(sb.host, sb.bin_dir)
+            live = sb.container()
+            # 1,000 live records beside an empty state dir: what nothing stale costs at scale
+            plant(sb, tmp, 1000, live_netns=live, state="state-1000")
+            (tmp / "state").mkdir()
+            stages: list[dict] = []
+
+            def reaper_add(i):
+                r = run(BINARY, {**cni_env("ADD", f"alloc-{i}", live), "CNI_REAPER_STAGES": "1"},
+                        conf(tmp, ip_of(i), 30000 + i, netns=live))
+                stages.append(staged(r))
+                return r
+
+            calls = {
+                "cni-reaper ADD": reaper_add,
+                "portmap ADD": lambda i: run(PORTMAP, cni_env("ADD", f"alloc-{i}", live), conf(tmp, ip_of(i), 30000 + i, netns=live)),
+                "floor": lambda i: run(FLOOR, cni_env("ADD", f"alloc-{i}", live), conf(tmp, ip_of(i), 30000 + i, netns=live)),
+                "cni-reaper ADD, 1,000 live records": lambda i: run(BINARY, cni_env("ADD", f"big-{i}", live),
+                                                                    conf(tmp, ip_of(2000 + i), 31000 + i, netns=live, state="state-1000")),
+            }
+            adds = interleaved(pairs, calls)
+            calls = {
+                "cni-reaper DEL, nothing stale": lambda i: run(BINARY, cni_env("DEL", f"alloc-{i}", live),
+                                                               conf(tmp, ip_of(i), 30000 + i, netns=live)),
+                "portmap DEL": lambda i: run(PORTMAP, cni_env("DEL", f"alloc-{i}", live), conf(tmp, ip_of(i), 30000 + i, netns=live)),
+                "cni-reaper DEL, 1,000 live records": lambda i: run(BINARY, cni_env("DEL", f"big-{i}", live),
+                                                                    conf(tmp, ip_of(2000 + i), 31000 + i, netns=live, state="state-1000")),
+            }
+            dels = interleaved(pairs, calls)
+            # a DEL that cleans one dead attachment (its netns is gone)
+            dead_dels = []
+            for i in range(pairs):
+                gone = sb.container()
+                dcid, dip = f"dead-{i}", ip_of(3000 + i)
+                dconf = conf(tmp, dip, 32000 + i, netns=gone)
+                assert run(BINARY, cni_env("ADD", dcid, gone), dconf)["rc"] == 0
+                nat, filt, _ = leak(NETWORK, dcid, dip, 32000 + i)
+                sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
+                sb.remove_container(gone)
+                r = run(BINARY, cni_env("DEL", dcid, gone), dconf)
+                assert r["rc"] == 0 and f'id: \\"{dcid}\\"' not in sb.save(4, "nat"), "the dead attachment was not cleaned"
+                dead_dels.append(r)
+                run(BINARY, cni_env("STATUS"), status_conf(tmp))  # settle the tombstone outside the next measurement
+            run.close()
+            chain = bench_chain(sb, pairs)
+    samples = {**adds, **dels, "cni-reaper DEL cleaning one dead attachment": dead_dels}
+    med = {name: median_ms([r["s"] for r in rs]) for name, rs in samples.items()}
+    rss = {name: round(max(r["kib"] for r in rs) / 1024, 1) for name, rs in samples.items()}
+    stage_med = {k: round(statistics.median(s[k] for s in stages), 2) for k in stages[0]}
+    return {"flavour": flavour, "medians_ms": med, "peak_rss_mib": rss, "stages_ms": stage_med, "chain_ms": chain,
+            "ratios": {
+                "ADD / portmap ADD": round(med["cni-reaper ADD"] / med["portmap ADD"], 3),
+                "DEL nothing stale / portmap DEL": round(med["cni-reaper DEL, nothing stale"] / med["portmap DEL"], 3),
+                "ADD with 1,000 live records - ADD (ms)": round(med["cni-reaper ADD, 1,000 live records"] - med["cni-reaper ADD"], 2),
+                "DEL with 1,000 live records - DEL (ms)": round(med["cni-reaper DEL, 1,000 live records"] - med["cni-reaper DEL, nothing stale"], 2),
+                "chain ADD share": round(chain["with cni-reaper"] / chain["without"] - 1, 3),
+            }}
+
+
+def staged(r: dict) -> dict:
+    """Where one call's time went, from the stamps cni-reaper writes with CNI_REAPER_STAGES (monotonic ns)."""
+    s = next(json.loads(l)["stages"] for l in r["err"].splitlines() if l.startswith('{"stages"'))
+    return {"start (exec, loader, interpreter, to main)": (s["main"] - r["t0"]) / 1e6,
+            "imports (the protocol shell)": (s["imported"] - s["main"]) / 1e6,
+            "work (the verb, its imports included)": (s["done"] - s["imported"]) / 1e6,
+            "exit": (r["t1"] - s["done"]) / 1e6, "total": (r["t1"] - r["t0"]) / 1e6}
+
+
+def bench_chain(sb: Sandbox, pairs: int) -> dict:
+    """The whole Nomad bridge chain's ADD through go-cni, with and without cni-reaper appended."""
+    with_reaper, without = sb.conflist(), sb.conflist(without_reaper=True)
+    samples: dict[str, list[float]] = {"with cni-reaper": [], "without": []}
+    for i in range(pairs):
+        order = [("with cni-reaper", with_reaper), ("without", without)]
+        for name, cl in (order if i % 2 == 0 else list(reversed(order))):
+            netns = sb.container()
+            cid = unique("chain-")
+            t0 = time.perf_counter()
+            proc = sb.driver("add", cid, netns, ("8080:80/tcp", "8080:80/udp"), cl)
+            samples[name].append(time.perf_counter() - t0)
+            assert proc.returncode == 0, proc.stderr
+            sb.driver("del", cid, netns, ("8080:80/tcp", "8080:80/udp"), cl)
+            sb.remove_container(netns)
+    return {name: median_ms(xs) for name, xs in samples.items()}
+
+
+# -- sweeps -------------------------------------------------------------------------------------------
+def plant(sb: Sandbox, tmp: Path, n: int, live_netns: str | None = None, state: str = "state",
+          native: bool = False) -> list[list[str]]:
+    """N attachments: N records (dead, or live on `live_netns`) and, for dead ones, what the plugins leave
+    (iptables, or their native nftables tables) and a host-local reservation each. Returns the per-rule
+    removal commands (Nomad's way) for the iptables leftovers."""
+    nat, filt, cmds, nft = [], [], [], [NATIVE_SETUP]
     items = []
     for i in range(n):
-        cid, ip, port = f"dead-{i:05d}", ip_of(i), 20000 + i
+        cid, ip, port = f"att-{i:05d}", ip_of(i), 20000 + i
         items.append((cid, ip, port, live_netns or f"/var/run/netns/bench-gone-{i}"))
-        if live_netns is None:
+        if live_netns is None and native:
+            nft += native_leak(NETWORK, cid, ip, port)
+        elif live_netns is None:
             a, b, c = leak(NETWORK, cid, ip, port)
             nat += a
             filt += b
             cmds += c
-    write_records(tmp / "state", NETWORK, items)
+    write_records(tmp / state, NETWORK, items)
     if live_netns is None:
         write_reservations(tmp / "ipam", NETWORK, [(cid, ip) for cid, ip, _, _ in items])
-        sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
+        if native:
+            sb.run(["nft", "-f", "-"], input="\n".join(nft) + "\n", check=True)
+        else:
+            sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
     return cmds
 
 
@@ -139,103 +299,27 @@ print(time.perf_counter() - t0)
 """
 
 
-# -- the measurements -----------------------------------------------------------------------------------
-def bench_verbs(pairs: int, driver: str) -> dict:
-    out: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="cni-reaper-bench-") as t:
-        tmp = Path(t)
-        with Sandbox(tmp / "sb", "nft", str(BINARY), driver) as sb:
-            run = Runner(sb.host, sb.bin_dir)
-            live = sb.container()
-            samples: dict[str, list[float]] = {k: [] for k in (
-                "reaper_add", "portmap_add", "floor", "reaper_del", "portmap_del", "reaper_del_dead",
-                "chain_add_with", "chain_add_without")}
-            rss: dict[str, int] = {}
-            for i in range(pairs):
-                cid, ip, port = f"alloc-{i}", ip_of(i), 30000 + i
-                c = conf(tmp, ip, port, netns=live)
-                order = [("reaper_add", str(BINARY), cni_env("ADD", cid, live)),
-                         ("portmap_add", PORTMAP, cni_env("ADD", cid, live)),
-                         ("floor", str(FLOOR), cni_env("ADD", cid, live))]
-                if i % 2:
-                    order.reverse()
-                for name, exe, env in order:
-                    secs, kib, rc, _ = run(exe, env, c)
-                    assert rc == 0, (name, rc)
-                    samples[name].append(secs)
-                    rss[name] = max(rss.get(name, 0), kib)
-                order = [("reaper_del", str(BINARY)), ("portmap_del", PORTMAP)]
-                if i % 2:
-                    order.reverse()
-                for name, exe in order:
-                    secs, kib, rc, _ = run(exe, cni_env("DEL", cid, live), c)
-                    assert rc == 0, (name, rc)
-                    samples[name].append(secs)
-                    rss[name] = max(rss.get(name, 0), kib)
-                # DEL that must clean one dead attachment: its netns is gone
-                gone = sb.container()
-                dcid, dip = f"dead-{i}", ip_of(pairs + i)
-                dconf = conf(tmp, dip, 31000 + i, netns=gone)
-                assert run(str(BINARY), cni_env("ADD", dcid, gone), dconf)[2] == 0
-                nat, filt, _ = leak(NETWORK, dcid, dip, 31000 + i)
-                sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
-                sb.remove_container(gone)
-                secs, kib, rc, _ = run(str(BINARY), cni_env("DEL", dcid, gone), dconf)
-                assert rc == 0
-                assert f'id: \\"{dcid}\\"' not in sb.save(4, "nat"), "the dead attachment was not cleaned"
-                samples["reaper_del_dead"].append(secs)
-                rss["reaper_del_dead"] = max(rss.get("reaper_del_dead", 0), kib)
-                # settle: the sweep after a cleaning DEL looks at the tables once more; keep that out of the
-                # next iteration's ADD (it is measured below as part of the sweep figures)
-                run(str(BINARY), cni_env("STATUS"), json.dumps({**json.loads(dconf), "cniVersion": "1.1.0"}))
-            run.close()
-            # the whole Nomad bridge chain through go-cni, with and without cni-reaper appended
-            with_reaper, without = sb.conflist(), sb.conflist(without_reaper=True)
-            for i in range(pairs):
-                order = [("chain_add_with", with_reaper), ("chain_add_without", without)]
-                if i % 2:
-                    order.reverse()
-                for name, cl in order:
-                    netns = sb.container()
-                    cid = unique("chain-")
-                    t0 = time.perf_counter()
-                    proc = sb.driver("add", cid, netns, ("8080:80/tcp", "8080:80/udp"), cl)
-                    samples[name].append(time.perf_counter() - t0)
-                    assert proc.returncode == 0, proc.stderr
-                    sb.driver("del", cid, netns, ("8080:80/tcp", "8080:80/udp"), cl)
-                    sb.remove_container(netns)
-    med = {k: median_ms(v) for k, v in samples.items()}
-    out["medians_ms"] = med
-    out["peak_rss_kib"] = rss
-    out["ratios"] = {
-        "add_vs_floor": round(med["reaper_add"] / med["floor"], 3),
-        "add_vs_portmap_add": round(med["reaper_add"] / med["portmap_add"], 3),
-        "floor_vs_portmap_add": round(med["floor"] / med["portmap_add"], 3),
-        "del_vs_floor": round(med["reaper_del"] / med["floor"], 3),
-        "del_dead_vs_floor_plus_portmap_del": round(med["reaper_del_dead"] / (med["floor"] + med["portmap_del"]), 3),
-        "chain_add_share": round(med["chain_add_with"] / med["chain_add_without"] - 1, 3),
-    }
-    out["pairs"] = pairs
-    return out
+def status_once(sb: Sandbox, tmp: Path) -> dict:
+    run = Runner(sb.host, sb.bin_dir)
+    r = run(BINARY, cni_env("STATUS"), status_conf(tmp))
+    run.close()
+    assert r["rc"] == 0, r
+    return r
 
 
 def bench_sweep(flavour: str, n: int, driver: str, nomad_way: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="cni-reaper-bench-") as t:
         tmp = Path(t)
-        res: dict = {"flavour": flavour, "attachments": n}
+        res: dict = {"kind": f"iptables-{flavour}", "attachments": n}
         with Sandbox(tmp / "sb", flavour, str(BINARY), driver) as sb:
             plant(sb, tmp, n)
             before = count_cni_lines(sb)
-            status = json.dumps({"cniVersion": "1.1.0", "name": NETWORK, "type": "cni-reaper",
-                                 "stateDir": str(tmp / "state"), "ipamDataDir": str(tmp / "ipam"),
-                                 "cniCacheDir": str(tmp / "cache"), "logFile": ""})
-            run = Runner(sb.host, sb.bin_dir)
-            secs, kib, rc, _ = run(str(BINARY), cni_env("STATUS"), status)
-            run.close()
+            r = status_once(sb, tmp)
             left = count_cni_lines(sb)
-            assert rc == 0 and left == 0, f"{left} of {before} rules left"
+            assert left == 0, f"{left} of {before} rules left"
             assert not list((tmp / "ipam" / NETWORK).glob("172.*")), "reservations left"
-            res.update(rules=before, seconds=round(secs, 3), per_attachment_ms=round(secs / n * 1000, 3), peak_rss_kib=kib)
+            res.update(rules=before, seconds=round(r["s"], 3), per_attachment_ms=round(r["s"] / n * 1000, 3),
+                       peak_rss_mib=round(r["kib"] / 1024, 1))
         if nomad_way:
             with Sandbox(tmp / "sb2", flavour, str(BINARY), driver) as sb:
                 cmds = plant(sb, tmp / "nw", n)
@@ -246,32 +330,67 @@ def bench_sweep(flavour: str, n: int, driver: str, nomad_way: bool) -> dict:
                 assert proc.returncode == 0, proc.stderr
                 assert count_cni_lines(sb) == 0
                 res["nomad_way_seconds"] = round(float(proc.stdout.strip()), 3)
-                res["nomad_way_processes"] = len(cmds)
                 res["speedup"] = round(res["nomad_way_seconds"] / res["seconds"], 1)
         return res
 
 
-def bench_nothing_stale(pairs: int, n: int, driver: str) -> dict:
+def bench_native_sweep(n: int, driver: str) -> dict:
+    """N dead attachments with their native nftables rules (5 each: masquerade, 2 DNAT, 2 hairpin)."""
     with tempfile.TemporaryDirectory(prefix="cni-reaper-bench-") as t:
         tmp = Path(t)
         with Sandbox(tmp / "sb", "nft", str(BINARY), driver) as sb:
-            live = sb.container()
-            plant(sb, tmp / "full", n, live_netns=live)
-            (tmp / "empty" / "state").mkdir(parents=True)
-            samples: dict[str, list[float]] = {"empty": [], "full": []}
-            run = Runner(sb.host, sb.bin_dir)
-            for i in range(pairs):
-                for name in (("empty", "full") if i % 2 == 0 else ("full", "empty")):
-                    status = json.dumps({"cniVersion": "1.1.0", "name": NETWORK, "type": "cni-reaper",
-                                         "stateDir": str(tmp / name / "state"), "logFile": "",
-                                         "cniCacheDir": str(tmp / "cache"), "ipamDataDir": str(tmp / "ipam")})
-                    secs, _, rc, _ = run(str(BINARY), cni_env("STATUS"), status)
-                    assert rc == 0
-                    samples[name].append(secs)
-            run.close()
-            return {"records": n, "status_empty_ms": median_ms(samples["empty"]),
-                    "status_1000_live_ms": median_ms(samples["full"]),
-                    "extra_ms": round(median_ms(samples["full"]) - median_ms(samples["empty"]), 2)}
+            plant(sb, tmp, n, native=True)
+
+            def owned() -> int:  # the attachments' rules; the tables' own hook and jump rules carry no comment
+                return sum(1 for rule in sb.native_rules() if "comment" in rule)
+
+            before = owned()
+            r = status_once(sb, tmp)
+            assert owned() == 0, f"{owned()} of {before} native rules left"
+            return {"kind": "native nftables", "attachments": n, "rules": before, "seconds": round(r["s"], 3),
+                    "per_attachment_ms": round(r["s"] / n * 1000, 3), "peak_rss_mib": round(r["kib"] / 1024, 1)}
+
+
+CONNTRACK_PROBE = """
+import json, sys, time
+from cni_reaper import conntrack
+ips = set(json.loads(sys.argv[1]))
+t0 = time.perf_counter()
+counts = conntrack.clear(ips)
+print(json.dumps({"seconds": time.perf_counter() - t0, "entries": sum(counts.values()), "addresses": len(counts)}))
+"""
+
+
+def bench_conntrack(n: int, per_ip: int = 3) -> dict:
+    """Conntrack clean-up for N dead IPs holding `per_ip` entries each, beside as many entries of live IPs."""
+    with tempfile.TemporaryDirectory(prefix="cni-reaper-bench-") as t:
+        tmp = Path(t)
+        with Sandbox(tmp / "sb", "nft", str(BINARY)) as sb:
+            dead = [ip_of(i) for i in range(n)]
+            live = [ip_of(n + i, base="10.123") for i in range(n)]
+            lines = []
+            for k, ip in enumerate(dead + live):
+                for j in range(per_ip):
+                    lines.append(" ".join(conntrack_entry(ip, 1024 + k * per_ip + j)))
+            (tmp / "ct.sh").write_text("\n".join(f"conntrack {l} >/dev/null 2>&1" for l in lines) + "\n")
+            sb.run(["sh", str(tmp / "ct.sh")], timeout=600)
+            total = sb.run(["conntrack", "-C"]).stdout.strip()
+            proc = sb.run([sys.executable, "-c", CONNTRACK_PROBE, json.dumps(dead)], check=True)
+            out = json.loads(proc.stdout)
+            left = sb.run(["conntrack", "-C"]).stdout.strip()
+            assert out["entries"] == n * per_ip and int(left) == n * per_ip, (out, total, left)
+            return {"dead_ips": n, "entries_before": int(total), "entries_cleared": out["entries"],
+                    "seconds": round(out["seconds"], 3)}
+
+
+# -- the run ----------------------------------------------------------------------------------------
+TARGETS = [
+    ("ADD <= 0.5 x portmap ADD", lambda r, f: r["verbs"][f]["ratios"]["ADD / portmap ADD"] <= 0.5),
+    ("DEL nothing stale <= 1.0 x portmap DEL (legacy), <= 0.5 x (nft)",
+     lambda r, f: r["verbs"][f]["ratios"]["DEL nothing stale / portmap DEL"] <= (1.0 if f == "legacy" else 0.5)),
+    ("1,000 live records add <= 5 ms to an ADD", lambda r, f: r["verbs"][f]["ratios"]["ADD with 1,000 live records - ADD (ms)"] <= 5),
+    ("chain ADD grows <= 15 %", lambda r, f: r["verbs"][f]["ratios"]["chain ADD share"] <= 0.15),
+]
 
 
 def main() -> int:
@@ -279,55 +398,67 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=21)
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     ap.add_argument("--scales", default="10,100,1000")
-    ap.add_argument("--flavours", default="nft,legacy")
+    ap.add_argument("--flavours", default=",".join(FLAVOURS))
     ap.add_argument("--nomad-way-max", type=int, default=1000, help="largest scale measured the per-rule way")
-    ap.add_argument("--quick", action="store_true", help="5 pairs, scales 10,100, per-rule way up to 100")
+    ap.add_argument("--quick", action="store_true", help="7 pairs, scales 10,100, per-rule way up to 100")
     args = ap.parse_args()
     if args.quick:
-        args.pairs, args.scales, args.nomad_way_max = 5, "10,100", 100
+        args.pairs, args.scales, args.nomad_way_max = 7, "10,100", 100
     if os.geteuid() != 0:
         print("bench: run as root (network namespaces)", file=sys.stderr)
         return 1
     driver = build_driver()
-    results: dict = {"machine": {"cores": os.cpu_count(), "kernel": os.uname().release}}
-    print(f"verbs: {args.pairs} interleaved pairs ...", flush=True)
-    results["verbs"] = bench_verbs(args.pairs, driver)
-    results["sweep"] = []
-    for flavour in args.flavours.split(","):
-        for n in (int(x) for x in args.scales.split(",")):
+    scales = [int(x) for x in args.scales.split(",")]
+    flavours = args.flavours.split(",")
+    results: dict = {"machine": {"cores": os.cpu_count(), "kernel": os.uname().release}, "pairs": args.pairs}
+    print("limits and floors ...", flush=True)
+    results["limits"] = bench_limits(args.pairs)
+    results["verbs"] = {}
+    for flavour in flavours:
+        print(f"verbs on iptables-{flavour}: {args.pairs} interleaved rounds ...", flush=True)
+        results["verbs"][flavour] = bench_verbs(flavour, args.pairs, driver)
+    results["sweeps"] = []
+    for flavour in flavours:
+        for n in scales:
             print(f"sweep: {n} dead attachments on iptables-{flavour} ...", flush=True)
-            results["sweep"].append(bench_sweep(flavour, n, driver, n <= args.nomad_way_max))
-    print("sweep with nothing stale, 1000 live records ...", flush=True)
-    results["nothing_stale"] = bench_nothing_stale(args.pairs, 1000, driver)
+            results["sweeps"].append(bench_sweep(flavour, n, driver, n <= args.nomad_way_max))
+    print(f"sweep: {max(scales)} dead attachments in the native nftables tables ...", flush=True)
+    results["sweeps"].append(bench_native_sweep(max(scales), driver))
+    print(f"conntrack: {max(scales)} dead IPs ...", flush=True)
+    results["conntrack"] = bench_conntrack(max(scales))
+    results["targets"] = {f"{name} [{f}]": check(results, f) for name, check in TARGETS for f in flavours}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
-    print_report(results)
+    report(results)
     print(f"\nwritten to {out}")
     return 0
 
 
-def print_report(r: dict) -> None:
-    v = r["verbs"]
-    m, ratio = v["medians_ms"], v["ratios"]
-    print(f"\n== verbs (medians of {v['pairs']} interleaved pairs, ms)")
-    rows = [("cni-reaper ADD", m["reaper_add"]), ("portmap ADD", m["portmap_add"]), ("floor (pass-through bundle)", m["floor"]),
-            ("cni-reaper DEL, nothing stale", m["reaper_del"]), ("portmap DEL", m["portmap_del"]),
-            ("cni-reaper DEL cleaning one dead attachment", m["reaper_del_dead"]),
-            ("bridge chain ADD via go-cni, with cni-reaper", m["chain_add_with"]),
-            ("bridge chain ADD via go-cni, without", m["chain_add_without"])]
-    for name, ms in rows:
-        print(f"  {name:<48} {ms:>8.1f}")
-    print("  ratios: " + ", ".join(f"{k} {val}" for k, val in ratio.items()))
-    print("  peak RSS (MiB): " + ", ".join(f"{k} {kib / 1024:.1f}" for k, kib in v["peak_rss_kib"].items()))
-    print("\n== sweep of dead attachments (each: masquerade chain+jump, DNAT chain+2 jumps, 2 firewall rules, 1 reservation)")
-    print(f"  {'flavour':<8} {'N':>5} {'rules':>6} {'seconds':>8} {'ms/att':>7} {'MiB':>5} {'per-rule way s':>15} {'speedup':>8}")
-    for s in r["sweep"]:
-        print(f"  {s['flavour']:<8} {s['attachments']:>5} {s['rules']:>6} {s['seconds']:>8.3f} {s['per_attachment_ms']:>7.2f} "
-              f"{s['peak_rss_kib'] / 1024:>5.1f} {s.get('nomad_way_seconds', float('nan')):>15.2f} {s.get('speedup', float('nan')):>8.1f}")
-    ns = r["nothing_stale"]
-    print(f"\n== nothing stale: STATUS with {ns['records']} live records {ns['status_1000_live_ms']} ms, "
-          f"with none {ns['status_empty_ms']} ms: {ns['extra_ms']} ms of sweep work")
+def report(r: dict) -> None:
+    print(f"\n== limits and floors (ms, medians of {r['pairs']})")
+    for name, ms in r["limits"].items():
+        print(f"  {name:<48} {ms:>8.2f}")
+    for flavour, v in r["verbs"].items():
+        print(f"\n== verbs on iptables-{flavour} (ms, medians; Nomad's shape: one port, tcp and udp)")
+        for name, ms in v["medians_ms"].items():
+            print(f"  {name:<48} {ms:>8.2f}   peak {v['peak_rss_mib'][name]:>5.1f} MiB")
+        print(f"  {'bridge chain ADD via go-cni, with cni-reaper':<48} {v['chain_ms']['with cni-reaper']:>8.2f}")
+        print(f"  {'bridge chain ADD via go-cni, without':<48} {v['chain_ms']['without']:>8.2f}")
+        print("  ratios: " + ", ".join(f"{k} {val}" for k, val in v["ratios"].items()))
+        print("  stages of cni-reaper's ADD (ms): " + ", ".join(f"{k} {val}" for k, val in v["stages_ms"].items()))
+    print("\n== sweeps of dead attachments (iptables: masquerade chain+jump, DNAT chain+2 jumps, 2 firewall rules, "
+          "1 reservation each; native: 5 rules, 1 reservation each)")
+    print(f"  {'kind':<18} {'N':>5} {'rules':>6} {'seconds':>8} {'ms/att':>7} {'MiB':>5} {'per-rule way s':>15} {'speedup':>8}")
+    for s in r["sweeps"]:
+        print(f"  {s['kind']:<18} {s['attachments']:>5} {s['rules']:>6} {s['seconds']:>8.3f} {s['per_attachment_ms']:>7.2f} "
+              f"{s['peak_rss_mib']:>5.1f} {s.get('nomad_way_seconds', float('nan')):>15.2f} {s.get('speedup', float('nan')):>8.1f}")
+    c = r["conntrack"]
+    print(f"\n== conntrack: {c['entries_cleared']} entries of {c['dead_ips']} dead IPs cleared in {c['seconds']} s "
+          f"({c['entries_before']} entries in the table)")
+    print("\n== targets")
+    for name, ok in r["targets"].items():
+        print(f"  {'met    ' if ok else 'NOT met'} {name}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from . import log
 from .hostlocal import NetworkDir, all_network_names, locked_networks
 from .plan import Target, plan
-from .record import ips, key
 
 APPLY_ATTEMPTS = 3
 
@@ -41,13 +40,13 @@ class Outcome:
         self.removed.setdefault(key, []).append(what)
 
 
-def _protected(targets: list[Target], live_records, dirs: dict[str, NetworkDir], fresh_owner_ok) -> dict:
+def _protected(targets: list[Target], live: dict, dirs: dict[str, NetworkDir], fresh_owner_ok) -> dict:
     """Per target: those of its dead IPs whose untagged (firewall) rules must stay, because a live
     attachment holds the IP or host-local has given it to another container."""
     live_ips: dict[str, set] = {}
-    for rec in live_records:
-        for ip in ips(rec["current"]):
-            live_ips.setdefault(ip, set()).add(key(rec))
+    for holder, addresses in live.items():
+        for ip in addresses:
+            live_ips.setdefault(ip, set()).add(holder)
     out = {}
     for t in targets:
         prot = set()
@@ -65,12 +64,12 @@ def _protected(targets: list[Target], live_records, dirs: dict[str, NetworkDir],
     return out
 
 
-def clean(targets: list[Target], live_records, conf, backend_for=None, tombstoned_keys=frozenset(),
+def clean(targets: list[Target], live: dict, conf, backend_for=None, tombstoned_keys=frozenset(),
           dry_run: bool = False) -> Outcome:
     """Remove what `targets` left behind, in both families, and their reservations. Never raises: failures
-    are logged and reported in the outcome (the caller keeps the record for a retry). `live_records` hold
-    addresses that must stay protected; `backend_for(4 | 6 | "native")` gives the backends (default:
-    netfilter.select and the native nftables backend);
+    are logged and reported in the outcome (the caller keeps the record for a retry). `live` maps the key of
+    every live attachment to the addresses it holds: those stay protected. `backend_for(4 | 6 | "native")`
+    gives the backends (default: netfilter.select and the native nftables backend);
     `tombstoned_keys`: attachments whose DEL finished (host-local has released their addresses, so a
     reservation naming them is a newer life's). With dry_run, plan and report only: nothing is changed."""
     outcome = Outcome()
@@ -91,7 +90,7 @@ def clean(targets: list[Target], live_records, conf, backend_for=None, tombstone
             for n in other:
                 all_dirs[n] = NetworkDir(conf.ipamDataDir, n)
             try:
-                protected = _protected(targets, live_records, all_dirs, fresh_owner_ok)
+                protected = _protected(targets, live, all_dirs, fresh_owner_ok)
                 _clean_netfilter(targets, protected, conf, backend_for, outcome, dry_run)
                 _clear_conntrack(targets, protected, outcome, dry_run)
                 for t in targets:

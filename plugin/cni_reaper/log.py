@@ -7,10 +7,11 @@ A failure to log never fails a verb.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+
+from . import jsonio
 
 MAX_BYTES = 10 << 20
 
@@ -56,7 +57,7 @@ def event(level: str, msg: str, **fields: object) -> None:
                                     "msg": msg}
         entry.update(_context)
         entry.update(fields)
-        line = json.dumps(entry, default=str) + "\n"
+        line = jsonio.dumps(entry, default=str) + "\n"
         if _settings["file"]:
             _to_file(_settings["file"], line)
         if _settings["stderr"] and _LEVELS.get(level, 1) >= _LEVELS["info"]:

@@ -30,7 +30,8 @@ class Identity(tuple):
 _NSFS: list = []
 
 
-def _nsfs_dev() -> int | None:
+def nsfs_dev() -> int | None:
+    """The device of the nsfs file system every live namespace's file is on (read once per process)."""
     if not _NSFS:
         try:
             _NSFS.append(os.stat("/proc/self/ns/net").st_dev)
@@ -47,7 +48,7 @@ def identity(path: str | None) -> Identity | None:
         st = os.stat(path)  # stat only: never open() a netns path, never O_CREAT it
     except (OSError, ValueError):
         return None
-    nsfs = _nsfs_dev()
+    nsfs = nsfs_dev()
     if nsfs is None or st.st_dev != nsfs:
         return None
     return Identity(st.st_dev, st.st_ino)

@@ -6,7 +6,6 @@ with the spec's error code; the commands only ever see a validated Invocation.
 
 from __future__ import annotations
 
-import json
 import sys
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
@@ -14,7 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import IO, Any
 
-from . import PLUGIN_NAME, __version__, log, names, versions
+from . import PLUGIN_NAME, __version__, jsonio, log, names, versions
 from .conf import TOP_FIELDS, TOP_RESETTABLE
 from .errors import (
     DECODE_FAILURE,
@@ -74,7 +73,7 @@ def _read_config(stdin: IO[bytes]) -> dict[str, Any]:
         raise CniError(DECODE_FAILURE, "no network configuration on stdin",
                        "the runtime must pass the plugin's config as JSON on stdin")
     try:
-        conf = json.loads(data)
+        conf = jsonio.loads(data)
     except (ValueError, RecursionError) as exc:
         raise CniError(DECODE_FAILURE, "network configuration is not valid JSON", str(exc)[:300]) from None
     if not isinstance(conf, dict):
@@ -132,7 +131,7 @@ def run(env: Mapping[str, str], stdin: IO[bytes], stdout: IO[str]) -> int:
     """Serve one CNI invocation. Returns the exit status; writes exactly one JSON document on stdout."""
     command = env.get("CNI_COMMAND", "")
     if command == "VERSION":
-        stdout.write(json.dumps({"cniVersion": versions.LATEST, "supportedVersions": list(versions.SUPPORTED)}))
+        stdout.write(jsonio.dumps({"cniVersion": versions.LATEST, "supportedVersions": list(versions.SUPPORTED)}))
         return 0
     seen: dict[str, Any] = {}
     try:
@@ -144,16 +143,16 @@ def run(env: Mapping[str, str], stdin: IO[bytes], stdout: IO[str]) -> int:
 
         result = dispatch(inv)
         if result is not None:
-            stdout.write(json.dumps(result))
+            stdout.write(jsonio.dumps(result))
         return 0
     except CniError as err:
-        stdout.write(json.dumps(err.to_json(_error_version(seen.get("top")))))
+        stdout.write(jsonio.dumps(err.to_json(_error_version(seen.get("top")))))
         return 1
     except Exception as exc:  # noqa: BLE001 - a runtime must get error JSON, never a traceback
         log.event("error", "internal error", error=f"{type(exc).__name__}: {exc}")
         internal = CniError(INTERNAL, f"internal error in cni-reaper: {type(exc).__name__}: {exc}"[:500],
                             "please report this with the plugin's stderr output")
-        stdout.write(json.dumps(internal.to_json(versions.LATEST)))
+        stdout.write(jsonio.dumps(internal.to_json(versions.LATEST)))
         return 1
 
 

@@ -8,7 +8,6 @@ machinery (planning, netfilter backends) imported and run (`sweep`).
 
 from __future__ import annotations
 
-import json
 import os
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
@@ -19,9 +18,9 @@ if TYPE_CHECKING:
     from .cleanup import Outcome
     from .plan import Target
 
-from . import log, netns
+from . import jsonio, log, netns
 from .record import ips, key
-from .states import DONE, LIVE, SWEEPABLE, WAIT, classify, settled
+from .states import DONE, LIVE, SWEEPABLE, WAIT, classify, classify_entry
 
 
 # -- targets: which lives of which attachments are to be cleaned -------------------------------------
@@ -48,11 +47,6 @@ def targets_for(record: dict, state: str) -> list[Target]:
     if state == LIVE:
         return [earlier_target(record)] if record["earlier"] else []
     return [dead_target(record)]
-
-
-def stale(records: list[dict], states: dict, exclude: frozenset) -> bool:
-    return any(key(r) not in exclude and (states[key(r)] in SWEEPABLE or (states[key(r)] == LIVE and r["earlier"]))
-               for r in records)
 
 
 # -- what cni-reaper never recorded: found by the plugins' own tags ---------------------------------
@@ -108,10 +102,10 @@ def cache_entry_alive(cache_dir: str, network: str, container_id: str) -> bool:
     for name in names:
         try:
             with open(os.path.join(results, name), "rb") as f:
-                data = json.loads(f.read(1 << 20))
+                data = jsonio.loads(f.read(1 << 20))
             result = data.get("result") or {}
             if isinstance(result, str):
-                result = json.loads(result)
+                result = jsonio.loads(result)
             sandboxes = [i.get("sandbox") for i in result.get("interfaces", []) if isinstance(i, dict) and i.get("sandbox")]
         except (OSError, ValueError, AttributeError):
             return True
@@ -125,25 +119,35 @@ def sweep(store, conf, records: list[dict] | None = None, states: dict | None = 
           exclude: frozenset = frozenset(), extra: Iterable[Target] = (), only_network: str | None = None,
           dry_run: bool = False, backend_for=None) -> Outcome:
     """Clean every dead record, every ready tombstone and every earlier incarnation, and the `extra` targets;
-    then drop the records that were cleaned and trim the earlier lives that were. `states` may say a record
-    is dead whatever its netns (GC's invalid attachments). The caller holds the state lock; `store` None
-    means there are no records (only `extra`). Records in `exclude` are neither cleaned nor dropped, and
-    their addresses stay protected."""
+    then drop the records that were cleaned and trim the earlier lives that were. The caller holds the state
+    lock. Without `records`, the store's index says which records are stale, and only those are read; with
+    them (GC, the CLI), those are the records. `states` (key -> state) may say a record is dead whatever its
+    netns (GC's invalid attachments). Records in `exclude` are neither cleaned nor dropped, and their
+    addresses stay protected; `store` None means there are no records (only `extra`)."""
     from .cleanup import Outcome, clean
 
+    states = dict(states or {})
     if records is None:
-        records = list(store.records()) if store is not None else []
-    states = states or {}
-    for r in records:
-        states.setdefault(key(r), classify(r, conf.cniCacheDir))
-    mine = [r for r in records if key(r) not in exclude and (not only_network or r["network"] == only_network)]
+        entries = store.index() if store is not None else {}
+        for e in entries.values():
+            states.setdefault((e[1], e[2], e[3]), classify_entry(e, conf.cniCacheDir))
+        live = {(e[1], e[2], e[3]): set(e[10]) for e in entries.values()
+                if states[(e[1], e[2], e[3])] == LIVE or (e[1], e[2], e[3]) in exclude}
+        wanted = [name for name, e in entries.items()
+                  if (e[1], e[2], e[3]) not in exclude and (not only_network or e[1] == only_network)
+                  and (states[(e[1], e[2], e[3])] in SWEEPABLE or (states[(e[1], e[2], e[3])] == LIVE and e[9]))]
+        mine = [r for r in (store.load_named(name) for name in wanted) if r is not None]
+    else:
+        for r in records:
+            states.setdefault(key(r), classify(r, conf.cniCacheDir))
+        live = {key(r): ips(r["current"]) for r in records if states[key(r)] == LIVE or key(r) in exclude}
+        mine = [r for r in records if key(r) not in exclude and (not only_network or r["network"] == only_network)]
     targets: list[Target] = list(extra)
     for r in mine:
         targets += targets_for(r, states[key(r)])
     if not targets:
         return Outcome()
-    live = [r for r in records if states[key(r)] == LIVE or key(r) in exclude]
-    finished = frozenset(key(r) for r in records if states[key(r)] == DONE)
+    finished = frozenset(k for k, state in states.items() if state == DONE)
     outcome = clean(targets, live, conf, backend_for=backend_for, tombstoned_keys=finished, dry_run=dry_run)
     if dry_run or store is None:
         return outcome
@@ -164,21 +168,30 @@ def sweep(store, conf, records: list[dict] | None = None, states: dict | None = 
 
 def sweep_quietly(store, conf, exclude: frozenset = frozenset(), extra: list | None = None) -> Outcome | None:
     """The sweep of a verb whose own work is done: nothing it meets fails the verb. With nothing stale it
-    costs a read of the records and a stat or two per record, and imports nothing more. Returns the outcome,
-    or None when nothing was stale."""
+    costs the state directory's index (store.index(): one small file, one scan) and a stat or two per
+    record, and imports nothing more. Returns the outcome, or None when nothing was stale."""
     try:
-        records = list(store.records())
-        states = {key(r): classify(r, conf.cniCacheDir) for r in records}
-        done = [r for r in records if key(r) not in exclude and settled(r, states[key(r)])]
-        for r in done:
-            store.remove(*key(r))
+        entries = store.index()
+        stale_found = False
+        done = []
+        states: dict = {}
+        for entry in list(entries.values()):
+            k = (entry[1], entry[2], entry[3])
+            state = states[k] = classify_entry(entry, conf.cniCacheDir)
+            if k in exclude:
+                continue
+            if state == DONE and not entry[8]:  # a finished DEL that needs no look at the tables
+                done.append(k)
+            elif state in SWEEPABLE or (state == LIVE and entry[9]):
+                stale_found = True
+        for k in done:
+            store.remove(*k, sync=False)
         if done:
-            gone = {id(d) for d in done}
-            records = [r for r in records if id(r) not in gone]
+            store.sync()
             log.info("records of finished DELs dropped", count=len(done))
-        if not extra and not stale(records, states, exclude):
+        if not extra and not stale_found:
             return None
-        return sweep(store, conf, records=records, states=states, exclude=exclude, extra=extra or ())
+        return sweep(store, conf, states=states, exclude=exclude, extra=extra or ())
     except Exception as exc:  # noqa: BLE001 - a sweep never fails the verb that runs it
         log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         return None

@@ -46,7 +46,7 @@ LIVE = ("live-c", "172.26.64.4", 8082)
 
 def run(conf, fake: FakeBackend, targets=None, **kw):
     targets = targets if targets is not None else [target(c, ip) for c, ip, _ in DEAD]
-    return clean(targets, [], conf, backend_for=lambda key: fake if key in (4, 6) else None, **kw)
+    return clean(targets, {}, conf, backend_for=lambda key: fake if key in (4, 6) else None, **kw)
 
 
 def test_one_transaction_removes_exactly_the_dead(conf):
@@ -97,7 +97,7 @@ def test_a_held_lock_on_one_family_does_not_stop_the_other(conf):
     v4, v6 = FakeBackend(text(*DEAD)), FakeBackend(EMPTY, text(("dead-a", "fd00::2", 8080)))
     v4.lock_held = True
     targets = [Target(NET, "dead-a", "eth0", frozenset({"172.26.64.2", "fd00::2"}), whole=True)]
-    outcome = clean(targets, [], conf, backend_for={4: v4, 6: v6}.get)
+    outcome = clean(targets, {}, conf, backend_for={4: v4, 6: v6}.get)
     assert v6.text[6] == text() and v4.text[4] == text(*DEAD)
     assert outcome.failed == {(NET, "dead-a", "eth0")}
     assert any(item.startswith("ipv6 ") for item in outcome.removed[(NET, "dead-a", "eth0")])
@@ -153,10 +153,10 @@ def test_a_missing_tool_matters_only_for_a_family_with_dead_addresses(conf):
         return fake if key == 4 else None
 
     orphan = Target(NET, "dead-a", "", frozenset(), whole=True, any_source=True)  # known by its tags only
-    outcome = clean([orphan], [], conf, backend_for=no_ip6tables)
+    outcome = clean([orphan], {}, conf, backend_for=no_ip6tables)
     assert not outcome.errors and not outcome.failed and 6 not in outcome.backends
     dual = Target(NET, "dead-b", "eth0", frozenset({"172.26.64.3", "fd00::3"}), whole=True)
-    outcome = clean([dual], [], conf, backend_for=no_ip6tables)
+    outcome = clean([dual], {}, conf, backend_for=no_ip6tables)
     assert outcome.errors == ["ipv6: no ip6tables on PATH"] and outcome.failed == {dual.key}
 
 

@@ -4,6 +4,7 @@ without reading the tables. (Timing is measured by scripts/bench.sh, never asser
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -13,26 +14,27 @@ from testkit.cni import NETNS, conf, prev_result
 
 HEAVY = ("pydantic", "pydantic_core", "pyroute2", "iptc", "ipaddress", "subprocess", "datetime", "hashlib",
          "cni_reaper.cleanup", "cni_reaper.netfilter", "cni_reaper.plan", "cni_reaper.models", "cni_reaper.conntrack",
-         "socket")
+         "socket", "re", "json", "enum", "typing", "dataclasses", "contextlib", "argparse")
 
 PROBE = """
-import io, json, os, sys
+import io, sys
+env, heavy_names = eval(sys.argv[1]), eval(sys.argv[3])  # literals: the probe imports nothing of its own
+before = set(sys.modules)
 from cni_reaper import shell
-env = json.loads(sys.argv[1])
 out = io.StringIO()
 rc = shell.run(env, io.BytesIO(sys.argv[2].encode()), out)
-heavy = sorted({m.split(".")[0] if not m.startswith("cni_reaper") else m for m in sys.modules
-                if m.startswith(tuple(json.loads(sys.argv[3])))})
-print(json.dumps({"rc": rc, "heavy": heavy}))
+heavy = sorted({m.split(".")[0] if not m.startswith("cni_reaper") else m for m in set(sys.modules) - before
+                if m.startswith(heavy_names)})
+print(repr({"rc": rc, "heavy": heavy}))
 """
 
 
 def run_verb(command, config, cid="alloc-1", netns=NETNS):
     env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": "eth0", "CNI_PATH": "/x"}
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(env), json.dumps(config), json.dumps(HEAVY)],
+    proc = subprocess.run([sys.executable, "-c", PROBE, repr(env), json.dumps(config), repr(HEAVY)],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.splitlines()[-1])
+    return ast.literal_eval(proc.stdout.splitlines()[-1])
 
 
 def test_add_del_status_with_nothing_stale_import_nothing_heavy(tmp_path):

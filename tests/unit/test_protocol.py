@@ -208,7 +208,7 @@ def test_errors_from_the_real_executable_are_json_without_traceback(package_exe,
     proc = subprocess.run([package_exe], env=env, input=b"{]", capture_output=True)
     assert proc.returncode == 1
     assert b"Traceback" not in proc.stderr + proc.stdout
-    assert proc.stdout.startswith(b'{"cniVersion"') and b'"code": 6' in proc.stdout
+    assert json.loads(proc.stdout)["code"] == 6 and proc.stdout.startswith(b'{"cniVersion"')
 
 
 def test_without_the_capability_add_records_no_ports_and_says_how_to_fix_it(tmp_path, capfd):

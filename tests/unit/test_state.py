@@ -334,3 +334,100 @@ def test_a_full_disk_is_a_clear_io_error_on_add_and_del_and_status_still_succeed
     assert rc == 1 and out["code"] == 5 and "free space" in out["details"]
     assert results["DEL"] == [0, None]
     assert results["STATUS"] == [0, None]
+
+
+# -- the index: with nothing stale, a verb reads no other attachment's record -----------------------
+def index_entries(state) -> dict:
+    """The index as a reader sees it: written whole, then the journal's changes."""
+    entries = json.loads((state / ".index").read_text())["entries"]
+    journal = state / ".index-journal"
+    for line in journal.read_text().splitlines() if journal.exists() else []:
+        name, entry = json.loads(line)
+        if entry is None:
+            entries.pop(name, None)
+        else:
+            entries[name] = entry
+    return entries
+
+
+def _live_records(state, n):
+    for i in range(n):
+        assert invoke("ADD", conf(state, prev=prev_result(address=f"172.26.65.{i + 2}/20")), cid=f"live-{i}")[0] == 0
+
+
+def test_with_nothing_stale_a_verb_reads_only_its_own_record(tmp_path, monkeypatch):
+    from cni_reaper.store import Store
+
+    state = tmp_path / "s"
+    _live_records(state, 30)
+    loaded = []
+    original = Store._load_name
+
+    def counting(self, name, expect=None):
+        loaded.append(name)
+        return original(self, name, expect)
+
+    monkeypatch.setattr(Store, "_load_name", counting)
+    assert invoke("ADD", conf(state), cid="new")[0] == 0
+    assert invoke("DEL", conf(state), cid="new")[0] == 0
+    assert invoke("STATUS", conf(state, "1.1.0", prev=None), cid=None, netns=None, ifname=None) == (0, None)
+    from cni_reaper.store import record_name
+
+    assert set(loaded) == {record_name("nomad-reaper", "new", "eth0")}, loaded  # none of the 30 others
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "stale-inode", "extra-record", "record-gone"])
+def test_an_index_that_disagrees_with_the_directory_is_made_anew(tmp_path, damage):
+    """The index is a cache: a lost, damaged or stale one is found out by one scan and rebuilt from the
+    records, so that a dead attachment is never hidden by it."""
+    import os
+    import shutil
+
+    state = tmp_path / "s"
+    _live_records(state, 3)
+    index = state / ".index"
+    assert index.exists()
+    records = sorted(state.glob("r-*.json"))
+    if damage == "missing":
+        index.unlink()
+    elif damage == "garbage":
+        index.write_text("{not json")
+    elif damage == "stale-inode":  # a record rewritten by a writer that died before updating the index
+        doc = json.loads(records[0].read_text())
+        doc["current"]["netns"] = "/var/run/netns/gone-for-good"
+        doc["current"]["netnsId"] = None
+        tmp = state / "copy"
+        tmp.write_text(json.dumps(doc))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, records[0])
+    elif damage == "extra-record":  # a record saved by a writer that died before updating the index
+        shutil.copy(records[0], state / "r-0000.json")
+        os.chmod(state / "r-0000.json", 0o600)
+    elif damage == "record-gone":
+        records[0].unlink()
+    rc, _ = invoke("STATUS", conf(state, "1.1.0", prev=None), cid=None, netns=None, ifname=None)
+    assert rc == 0
+    entries = index_entries(state)
+    names = sorted(p.name for p in state.glob("r-*.json"))
+    assert sorted(entries) == names
+    assert all(entries[n][0] == os.stat(state / n).st_ino for n in names)
+    if damage == "stale-inode":
+        assert len(names) == 2  # the dead one was seen (through the rebuilt index) and swept
+
+
+def test_the_index_journal_stays_short_and_a_cut_line_is_found_out(tmp_path):
+    """Each ADD appends one line to the journal instead of writing the whole index; past JOURNAL_MAX lines the
+    index is written whole. A line cut by a writer that died makes the index be made anew."""
+    from cni_reaper.store import JOURNAL_MAX
+
+    state = tmp_path / "s"
+    _live_records(state, JOURNAL_MAX + 10)
+    journal = state / ".index-journal"
+    lines = journal.read_text().splitlines() if journal.exists() else []
+    assert len(lines) <= JOURNAL_MAX
+    with open(journal, "a") as f:
+        f.write('["r-cut", [1, "x"')  # no end: the writer died mid-line
+    assert invoke("STATUS", conf(state, "1.1.0", prev=None), cid=None, netns=None, ifname=None) == (0, None)
+    entries = index_entries(state)
+    assert sorted(entries) == sorted(p.name for p in state.glob("r-*.json"))
+    assert not journal.exists() or "r-cut" not in journal.read_text()

@@ -9,24 +9,72 @@ deleted: if a concurrent writer changed the chain, nothing is committed and the 
 
 from __future__ import annotations
 
-import glob
 import os
+import sys
 
 from .interface import BackendError
 from .restore import SaveRestoreBackend
 from .rules import Op, Table, by_table
 from .xtables_lock import xtables_lock
 
+_LIB_DIRS = ("/lib/{arch}-linux-gnu", "/usr/lib/{arch}-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+
+
+def _lib_dirs() -> list[str]:
+    arch = os.uname().machine
+    return [d.format(arch=arch) for d in _LIB_DIRS if os.path.isdir(d.format(arch=arch))]
+
+
+def find_library(name: str) -> str | None:
+    """What ctypes.util.find_library answers, found by listing the library directories: python-iptables asks
+    it for libip4tc, libip6tc, libxtables and libc, and ctypes would run `ldconfig -p` and `gcc` (which a
+    Nomad client may not have) for each question."""
+    prefix = f"lib{name}.so."
+    for d in _lib_dirs():
+        # the soname (libc.so.6, libip4tc.so.2), as ldconfig would name it; never the unversioned name, which
+        # can be a linker script
+        for f in sorted((f for f in os.listdir(d) if f.startswith(prefix)), key=len):
+            path = os.path.join(d, f)
+            try:
+                with open(path, "rb") as lib:
+                    if lib.read(4) == b"\x7fELF":
+                        return path
+            except OSError:
+                continue
+    return None
+
 
 def _import_iptc():
-    if "XTABLES_LIBDIR" not in os.environ:  # spares python-iptables an `ldconfig` run at import
-        found = [d for d in glob.glob("/usr/lib/*/xtables") + ["/usr/lib/xtables", "/usr/lib64/xtables"]
-                 if os.path.isdir(d)]
+    """Import python-iptables without running anything: its util module is loaded first and told not to
+    `modprobe` (the tables it is asked to change exist, so their modules are loaded), library lookups go
+    through find_library above, and XTABLES_LIBDIR spares an `ldconfig -N -v`."""
+    if "iptc" in sys.modules and hasattr(sys.modules["iptc"], "Table"):
+        return sys.modules["iptc"]
+    import ctypes.util
+    import importlib
+    import importlib.util
+
+    if "XTABLES_LIBDIR" not in os.environ:
+        found = [os.path.join(d, "xtables") for d in _lib_dirs() if os.path.isdir(os.path.join(d, "xtables"))]
         if found:
             os.environ["XTABLES_LIBDIR"] = found[0]
-    import iptc
-
-    return iptc
+    spec = importlib.util.find_spec("iptc")
+    if spec is None or spec.loader is None:
+        raise ImportError("python-iptables is not installed")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["iptc"] = package
+    system_find = ctypes.util.find_library
+    ctypes.util.find_library = find_library
+    try:
+        util = importlib.import_module("iptc.util")
+        util.load_kernel = lambda name, exc_if_failed=False: None  # type: ignore[attr-defined]
+        spec.loader.exec_module(package)
+    except BaseException:
+        sys.modules.pop("iptc", None)
+        raise
+    finally:
+        ctypes.util.find_library = system_find
+    return package
 
 
 def available() -> bool:

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Build a release, as root, on Debian 12 (offline apart from the package registries), from a clone:
+#   dist/cni-reaper-<version>-linux-amd64.tgz   the executable cni-reaper and its support folder
+#                                               cni-reaper.lib beside it: extract it into /opt/cni/bin
+#   dist/cni-reaper-<version>-linux-amd64.tgz.sha256
+#   dist/cni-reaper_<version>_amd64.deb         the bundle in /usr/lib/cni-reaper, /opt/cni/bin/cni-reaper
+#                                               linking to it, conflists and Nomad examples in
+#                                               /usr/share/cni-reaper; removing it removes exactly that
+# The bundle is scripts/build.sh's (Debian 11 base, glibc 2.31). File times, owners and order are fixed to
+# the last commit's time, so that a commit builds the same tarball and package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "release.sh: run as root (debootstrap, chroot)" >&2; exit 1; }
+
+scripts/build.sh
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' plugin/cni_reaper/__init__.py)
+epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
+name="cni-reaper-$version-linux-amd64"
+out=dist
+stamp() { find "$1" -exec touch -h -d "@$epoch" {} +; }
+
+# the tarball
+stamp dist/cni-reaper
+tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C dist/cni-reaper -cf - cni-reaper cni-reaper.lib \
+  | gzip -n -9 > "$out/$name.tgz"
+(cd "$out" && sha256sum "$name.tgz" > "$name.tgz.sha256")
+
+# the Debian package
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+mkdir -p "$root/DEBIAN" "$root/usr/lib/cni-reaper" "$root/opt/cni/bin" "$root/usr/share/cni-reaper/conflist/1.1.0" \
+  "$root/usr/share/cni-reaper/nomad" "$root/usr/share/doc/cni-reaper"
+cp -a dist/cni-reaper/cni-reaper dist/cni-reaper/cni-reaper.lib "$root/usr/lib/cni-reaper/"
+ln -s ../../../usr/lib/cni-reaper/cni-reaper "$root/opt/cni/bin/cni-reaper"
+install -m 0644 conflist/*.conflist "$root/usr/share/cni-reaper/conflist/"
+install -m 0644 conflist/1.1.0/*.conflist "$root/usr/share/cni-reaper/conflist/1.1.0/"
+install -m 0644 conflist/nomad/*.hcl "$root/usr/share/cni-reaper/nomad/"
+install -m 0644 README.md "$root/usr/share/doc/cni-reaper/README.md"
+size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+cat > "$root/DEBIAN/control" <<CONTROL
+Package: cni-reaper
+Version: $version
+Architecture: amd64
+Maintainer: cni-reaper developers <cni-reaper@users.noreply.github.com>
+Installed-Size: $size
+Recommends: iptables
+Suggests: containernetworking-plugins
+Section: net
+Priority: optional
+Description: chained CNI plugin that removes what dead container networks leave behind
+ Sits last in a CNI conflist (Nomad's bridge networking, or any runtime on libcni) and
+ removes the netfilter rules, host-local IP reservations and conntrack entries of
+ attachments whose network namespace is gone. Self-contained: needs no Python.
+ The plugin is /opt/cni/bin/cni-reaper; conflists and Nomad examples are in
+ /usr/share/cni-reaper. Records (/var/lib/cni/reaper) and logs stay when it is removed.
+CONTROL
+stamp "$root"
+dpkg-deb --root-owner-group -Zxz --build "$root" "$out/cni-reaper_${version}_amd64.deb" >/dev/null
+echo "release.sh: $out/$name.tgz ($(cut -d' ' -f1 "$out/$name.tgz.sha256")), $out/cni-reaper_${version}_amd64.deb"

@@ -1,0 +1,180 @@
+"""The release (scripts/release.sh) where users run it: the tarball and its checksum, the .deb installed and
+removed in a throwaway root, the bundle in a Debian 11 root without Python (glibc 2.31, iptables 1.8.7, both
+flavours), no ELF file needing a newer glibc, and a clean-up that runs nothing but the tools it drives.
+The rest of the suite runs against the same bundle (dist/cni-reaper)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from testkit import debian11
+from testkit.artifacts import leak, restore_text
+from testkit.sandbox import REPO, open_sandbox, sh, unique
+
+pytestmark = pytest.mark.netns
+DIST = REPO / "dist"
+MAX_GLIBC = (2, 31)
+
+
+def version() -> str:
+    return re.search(r'__version__ = "([^"]+)"', (REPO / "plugin" / "cni_reaper" / "__init__.py").read_text()).group(1)
+
+
+@pytest.fixture(scope="module")
+def release() -> dict[str, Path]:
+    v = version()
+    files = {"tgz": DIST / f"cni-reaper-{v}-linux-amd64.tgz", "sha256": DIST / f"cni-reaper-{v}-linux-amd64.tgz.sha256",
+             "deb": DIST / f"cni-reaper_{v}_amd64.deb"}
+    missing = [str(p) for p in files.values() if not p.exists()]
+    if missing:
+        pytest.fail(f"no release built ({', '.join(missing)}): run scripts/release.sh (scripts/test.sh does)")
+    return files
+
+
+@pytest.fixture(scope="module")
+def bullseye() -> Path:
+    try:
+        return debian11.root()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+def test_the_tarball_holds_the_bundle_as_the_reference_plugins_lay_theirs_out(release):
+    digest = hashlib.sha256(release["tgz"].read_bytes()).hexdigest()
+    assert release["sha256"].read_text() == f"{digest}  {release['tgz'].name}\n"
+    with tarfile.open(release["tgz"]) as tar:
+        names = tar.getnames()
+        top = {n.split("/")[0] for n in names}
+        assert top == {"cni-reaper", "cni-reaper.lib"}
+        exe = tar.getmember("cni-reaper")
+        assert exe.isfile() and exe.mode & 0o111 and (exe.uid, exe.gid) == (0, 0)
+    bundle = DIST / "cni-reaper"
+    on_disk = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*"))
+    assert sorted(names) == on_disk
+
+
+def elf_files(bundle: Path) -> list[Path]:
+    out = []
+    for p in sorted(bundle.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            with open(p, "rb") as f:
+                if f.read(4) == b"\x7fELF":
+                    out.append(p)
+    return out
+
+
+def test_no_elf_file_needs_a_glibc_newer_than_2_31():
+    bundle = DIST / "cni-reaper"
+    files = elf_files(bundle)
+    assert len(files) > 10 and bundle / "cni-reaper" in files
+    newest = {}
+    for path in files:
+        text = subprocess.run(["objdump", "-T", str(path)], capture_output=True, text=True, check=True).stdout
+        versions = [tuple(int(x) for x in v.split(".")) for v in re.findall(r"GLIBC_(\d+(?:\.\d+)+)", text)]
+        newest[str(path.relative_to(bundle))] = max(versions, default=(0,))
+    too_new = {p: v for p, v in newest.items() if v > MAX_GLIBC}
+    assert not too_new, too_new
+    assert max(newest.values()) >= (2, 28), "objdump read nothing?"
+
+
+def test_a_legacy_clean_up_runs_nothing_but_the_tools_it_drives(tmp_path):
+    """Under strace: the bundle execs iptables-legacy-save (reading) and, with an nft binary on the host, nft
+    (the plugins' native tables); python-iptables finds its libraries without ldconfig or gcc, and nothing
+    reads a path of the machine the bundle was built on."""
+    exe = str(DIST / "cni-reaper" / "cni-reaper")
+    with open_sandbox(tmp_path, "legacy", exe) as sb:
+        cid, ip = unique("alloc-"), "172.26.64.9"
+        netns = sb.container()
+        prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": netns}], "ips": [{"address": f"{ip}/20"}]}
+        conf = dict(sb.status_conf(cniVersion="1.0.0"), prevResult=prev)
+        assert sb.plugin("ADD", conf, cid=cid, netns=netns)[0] == 0
+        nat, filt, _ = leak("nomad-reaper", cid, ip, 8080)
+        sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
+        sb.remove_container(netns)
+        trace = tmp_path / "trace"
+        env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
+               "CNI_PATH": str(sb.plugin_dir)}
+        proc = sb.run(["strace", "-f", "-qq", "-e", "trace=execve,openat,open", "-o", str(trace), exe], env=env,
+                      input=json.dumps(conf))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert sb.residue("nomad-reaper", cid, [ip]) == [], "the clean-up did not run"
+        assert '"backend":"python-iptables"' in proc.stderr
+        lines = trace.read_text().splitlines()
+        ran = {os.path.basename(m.group(1)) for l in lines if (m := re.search(r'execve\("([^"]+)"', l)) and "= 0" in l}
+        assert ran <= {"cni-reaper", "iptables-legacy-save", "ip6tables-legacy-save", "nft"}, ran
+        assert "iptables-legacy-save" in ran
+        opened = [m.group(1) for l in lines if (m := re.search(r'open(?:at)?\([^"]*"([^"]+)"', l))]
+        assert not [p for p in opened if p.startswith(("/build/", "/root/.pyenv", "/usr/local/lib/python"))], opened
+
+
+PREV = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "@NETNS@"}], "ips": [{"address": "172.26.64.9/20"}]}
+
+
+@pytest.mark.parametrize("flavour", ["legacy", "nft"])
+def test_the_release_in_debian_11_without_python(tmp_path, release, bullseye, flavour):
+    """Extracted into /opt/cni/bin of a Debian 11 root that has no Python: it answers VERSION, records an ADD,
+    and on DEL of the dead attachment removes the rules Debian 11's own iptables (1.8.7) holds for it."""
+    host, container = unique("crt-h"), unique("crt-c")
+    sh("ip", "netns", "add", host)
+    sh("ip", "netns", "add", container)
+    try:
+        cid, ip = "3e803d29-4f9d-ad8b-adb6-31456a39db69", "172.26.64.9"
+        nat, filt, _ = leak("nomad", cid, ip, 8080)
+        (tmp_path / "rules").write_text(restore_text(nat, filt))
+        conf = {"cniVersion": "1.0.0", "name": "nomad", "type": "cni-reaper", "capabilities": {"portMappings": True},
+                "prevResult": json.loads(json.dumps(PREV).replace("@NETNS@", f"/run/netns/{container}"))}
+        (tmp_path / "conf.json").write_text(json.dumps(conf))
+        env = (f"export PATH=/tmp/bin:/usr/sbin:/usr/bin:/sbin:/bin CNI_CONTAINERID={cid} "
+               f"CNI_NETNS=/run/netns/{container} CNI_IFNAME=eth0 CNI_PATH=/opt/cni/bin")
+        setup = (f'mkdir -p "$ROOT/opt/cni/bin" "$ROOT/tmp/bin" && tar xzf {release["tgz"]} -C "$ROOT/opt/cni/bin" '
+                 f'&& cp {tmp_path}/rules {tmp_path}/conf.json "$ROOT/tmp/" && chroot "$ROOT" sh -ec "'
+                 f"for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do "
+                 f"ln -sf /usr/sbin/xtables-{flavour}-multi /tmp/bin/\\$t; done; {env}; "
+                 f"! command -v python3 && ! ls /usr/bin/python* 2>/dev/null; "
+                 f"CNI_COMMAND=VERSION /opt/cni/bin/cni-reaper; echo; "
+                 f"CNI_COMMAND=ADD /opt/cni/bin/cni-reaper < /tmp/conf.json; echo; "
+                 f'iptables-restore --noflush < /tmp/rules; iptables-save -t nat | grep -c {ip} || true"')
+        first = debian11.in_overlay(bullseye, tmp_path / "ovl", setup, host_netns=host)
+        assert first.returncode == 0, first.stdout + first.stderr
+        out = first.stdout.splitlines()
+        assert json.loads(out[0])["supportedVersions"][-1] == "1.1.0"
+        assert json.loads(out[1])["ips"][0]["address"] == f"{ip}/20"
+        assert int(out[2]) >= 2  # the masquerade jump and the DNAT rules are there
+        sh("ip", "netns", "del", container)
+        teardown = (f'chroot "$ROOT" sh -ec "{env}; CNI_COMMAND=DEL /opt/cni/bin/cni-reaper < /tmp/conf.json; '
+                    f'iptables-save; iptables-save -V"')
+        second = debian11.in_overlay(bullseye, tmp_path / "ovl", teardown, host_netns=host)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "v1.8.7" in second.stdout and f"({'nf_tables' if flavour == 'nft' else 'legacy'})" in second.stdout
+        assert ip not in second.stdout and cid not in second.stdout, second.stdout
+        assert "CNI-HOSTPORT-DNAT" in second.stdout  # the shared chains stay
+        backend = "python-iptables" if flavour == "legacy" else "iptables-nft-restore"
+        assert f'"backend":"{backend}"' in second.stderr, second.stderr
+    finally:
+        sh("ip", "netns", "del", container, check=False)
+        sh("ip", "netns", "del", host, check=False)
+
+
+def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bullseye):
+    """dpkg -i then dpkg -r in a throwaway Debian 11 root: afterwards only dpkg's own books, and the records and
+    log cni-reaper wrote in between, differ from before."""
+    script = (f'cp {release["deb"]} "$ROOT/tmp/pkg.deb" && chroot "$ROOT" sh -ec "'
+              f"dpkg -i /tmp/pkg.deb >/dev/null; "
+              f"test -L /opt/cni/bin/cni-reaper; CNI_COMMAND=VERSION /opt/cni/bin/cni-reaper >/dev/null; "
+              f"ls /usr/share/cni-reaper/conflist/1.1.0/nomad-reaper.conflist /usr/share/cni-reaper/nomad/client.hcl; "
+              f"mkdir -p /var/lib/cni/reaper && echo x > /var/lib/cni/reaper/r-0.json && echo x > /var/log/cni-reaper.log; "
+              f"dpkg -r cni-reaper >/dev/null; rm /tmp/pkg.deb\"")
+    proc = debian11.in_overlay(bullseye, tmp_path / "ovl", script)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    upper = tmp_path / "ovl" / "upper"
+    changed = sorted(str(p.relative_to(upper)) for p in upper.rglob("*") if not p.is_dir() or not any(p.iterdir()))
+    kept = [c for c in changed if not c.startswith(("var/lib/dpkg/", "var/log/dpkg.log", "var/cache/", "tmp"))]
+    assert kept == ["var/lib/cni/reaper/r-0.json", "var/log/cni-reaper.log"], changed

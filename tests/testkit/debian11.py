@@ -1,0 +1,54 @@
+"""A Debian 11 root file system without Python, for testing the release where users run it: made once with
+debootstrap from Debian's packages (minbase, iptables and nftables: Debian 11's iptables is 1.8.7, both
+flavours) and cached in the test cache. Each test works in an overlay on top of it, in a private mount
+namespace, inside a throwaway network namespace: the cached root and the machine stay as they were.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+CACHE = Path(os.environ.get("CNI_REAPER_CACHE", "/tmp/cni-reaper-test-cache"))
+MIRROR = os.environ.get("CNI_REAPER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = ("iptables", "nftables")
+
+
+def root() -> Path:
+    out = CACHE / "rootfs-bullseye-test"
+    if (out / ".complete").exists():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "debian11.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / ".complete").exists():
+            return out
+        if not shutil.which("debootstrap"):
+            subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True, capture_output=True)
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "bullseye",
+                               str(tmp), MIRROR], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"debootstrap bullseye failed: {(proc.stderr or proc.stdout)[-800:]}")
+        (tmp / ".complete").write_text("")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return out
+
+
+def in_overlay(lower: Path, work: Path, script: str, host_netns: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `script` (sh) in a private mount namespace where $ROOT is an overlay of `lower` whose changes go to
+    `work`/upper, with /proc, /dev and /run/netns mounted in it; inside `host_netns` when given."""
+    for d in ("upper", "work", "merged"):
+        (work / d).mkdir(parents=True, exist_ok=True)
+    outer = (f'mount -t overlay overlay -o lowerdir={lower},upperdir={work}/upper,workdir={work}/work {work}/merged'
+             f' && export ROOT={work}/merged && mount -t proc proc "$ROOT/proc" && mount --rbind /dev "$ROOT/dev"'
+             f' && mkdir -p /run/netns "$ROOT/run/netns" && mount --rbind /run/netns "$ROOT/run/netns" && exec sh -ec "$0"')
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", outer, script]
+    if host_netns:
+        argv = ["ip", "netns", "exec", host_netns, *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
