@@ -26,12 +26,11 @@ tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C dist/cn
 (cd "$out" && sha256sum "$name.tgz" > "$name.tgz.sha256")
 
 # the Debian package
-root=$(mktemp -d)
+root=$(mktemp -d) && chmod 0755 "$root"
 trap 'rm -rf "$root"' EXIT
-mkdir -p "$root/DEBIAN" "$root/usr/lib/cni-reaper" "$root/opt/cni/bin" "$root/usr/share/cni-reaper/conflist/1.1.0" \
+mkdir -p "$root/DEBIAN" "$root/usr/lib/cni-reaper" "$root/usr/share/cni-reaper/conflist/1.1.0" \
   "$root/usr/share/cni-reaper/nomad" "$root/usr/share/doc/cni-reaper"
 cp -a dist/cni-reaper/cni-reaper dist/cni-reaper/cni-reaper.lib "$root/usr/lib/cni-reaper/"
-ln -s ../../../usr/lib/cni-reaper/cni-reaper "$root/opt/cni/bin/cni-reaper"
 install -m 0644 conflist/*.conflist "$root/usr/share/cni-reaper/conflist/"
 install -m 0644 conflist/1.1.0/*.conflist "$root/usr/share/cni-reaper/conflist/1.1.0/"
 install -m 0644 conflist/nomad/*.hcl "$root/usr/share/cni-reaper/nomad/"
@@ -54,6 +53,41 @@ Description: chained CNI plugin that removes what dead container networks leave 
  The plugin is /opt/cni/bin/cni-reaper; conflists and Nomad examples are in
  /usr/share/cni-reaper. Records (/var/lib/cni/reaper) and logs stay when it is removed.
 CONTROL
+# /opt/cni/bin/cni-reaper is made by the maintainer scripts, not shipped: dpkg removes the directories a
+# package shipped when they are empty on removal, and /opt belongs to no package (base-files makes it), so a
+# shipped link would take /opt (and /opt/cni/bin) away with it. postinst notes the directories it had to
+# make; prerm removes the link and exactly those, if empty.
+cat > "$root/DEBIAN/postinst" <<'POSTINST'
+#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+  made=""
+  for d in /opt /opt/cni /opt/cni/bin; do
+    [ -d "$d" ] || { mkdir -m 0755 "$d"; made="$made $d"; }
+  done
+  [ -z "$made" ] || echo "$made" >> /usr/lib/cni-reaper/.made-dirs
+  link=/opt/cni/bin/cni-reaper
+  if [ -L "$link" ] || [ ! -e "$link" ]; then
+    ln -sfn /usr/lib/cni-reaper/cni-reaper "$link"
+  else
+    echo "cni-reaper: $link is not a link (installed by hand or by scripts/install.sh?); left as it is." >&2
+    echo "cni-reaper: remove it and run 'dpkg-reconfigure cni-reaper' to use this package's build" >&2
+  fi
+fi
+POSTINST
+cat > "$root/DEBIAN/prerm" <<'PRERM'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
+  link=/opt/cni/bin/cni-reaper
+  if [ "$(readlink "$link" 2>/dev/null)" = /usr/lib/cni-reaper/cni-reaper ]; then rm -f "$link"; fi
+  if [ -f /usr/lib/cni-reaper/.made-dirs ]; then
+    for d in $(tr ' ' '\n' < /usr/lib/cni-reaper/.made-dirs | sort -r); do rmdir "$d" 2>/dev/null || true; done
+    rm -f /usr/lib/cni-reaper/.made-dirs
+  fi
+fi
+PRERM
+chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm"
 stamp "$root"
-dpkg-deb --root-owner-group -Zxz --build "$root" "$out/cni-reaper_${version}_amd64.deb" >/dev/null
+SOURCE_DATE_EPOCH=$epoch dpkg-deb --root-owner-group -Zxz --build "$root" "$out/cni-reaper_${version}_amd64.deb" >/dev/null
 echo "release.sh: $out/$name.tgz ($(cut -d' ' -f1 "$out/$name.tgz.sha256")), $out/cni-reaper_${version}_amd64.deb"

@@ -11,7 +11,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 APT_PACKAGES=(iptables nftables conntrack iproute2 procps containernetworking-plugins golang-go
-  golang-github-containerd-go-cni-dev python3 python3-venv python3-dev gcc)
+  golang-github-containerd-go-cni-dev python3 python3-venv python3-dev gcc debootstrap strace binutils)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up, lint and type-check, build the standalone binary, and run the whole test suite (as root: tests make
+# Set up, lint and type-check, build the release (bundle, tarball, .deb), and run the whole test suite (as root: tests make
 # network namespaces).
 # Extra arguments go to pytest, e.g. scripts/test.sh -k runtime -x
 set -euo pipefail
@@ -8,5 +8,5 @@ scripts/setup.sh
 echo "test.sh: ruff (lint) and mypy (types)"
 .venv/bin/ruff check plugin tests scripts build
 .venv/bin/mypy
-scripts/build.sh
+scripts/release.sh  # the release bundle (Debian 11 base), its tarball and .deb: the suite runs against them
 exec .venv/bin/python -m pytest -ra "$@"

@@ -30,6 +30,26 @@ def host_tables_untouched():
     assert _host_cni_lines() == before, "a test changed the machine's own netfilter tables"
 
 
+MACHINE_PATHS = ("/var/lib/cni/reaper", "/var/lib/cni/reaper-services", "/var/lib/cni/networks", "/var/lib/cni/services",
+                 "/var/lib/cni/results", "/var/log/cni-reaper.log", "/opt/cni/config", "/opt/cni-reaper")
+
+
+def _machine_paths() -> dict[str, list[str]]:
+    out = {}
+    for p in MACHINE_PATHS:
+        out[p] = sorted(os.listdir(p)) if os.path.isdir(p) else (["(file)"] if os.path.exists(p) else [])
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_state_untouched():
+    """Fails the run if a test wrote cni-reaper's or the plugins' state into the machine's own directories
+    (every test keeps it in its sandbox, mounted over /var/lib/cni and /var/log)."""
+    before = _machine_paths()
+    yield
+    assert _machine_paths() == before, "a test wrote into the machine's own CNI state or log"
+
+
 @pytest.fixture(scope="session")
 def driver_bin() -> str:
     return driver_for(DEBIAN12.runtime)

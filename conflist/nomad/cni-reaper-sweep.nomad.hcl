@@ -1,5 +1,10 @@
-# Optional: a periodic sweep on every client, beside the in-chain clean-up. Nomad spreads the work: a
-# sysbatch job runs once on each eligible client. Needs raw_exec enabled on the clients (see client.hcl).
+# Optional: a periodic sweep on every client, beside the in-chain clean-up, that also leaves the counters
+# for node_exporter's textfile collector. Nomad spreads the work: a sysbatch job runs once on each eligible
+# client. Needs raw_exec enabled on the clients (see client.hcl).
+#
+# Nothing of the conflists is repeated here: cni-reaper reads every conflist in /opt/cni/config (Nomad's
+# default cni_config_dir; add --cni-conf-dir DIR to both commands if yours is elsewhere) and sweeps each
+# network that chains it with that conflist's own keys (stateDir, ipamDataDir, cniCacheDir, backend, logFile).
 job "cni-reaper-sweep" {
   type        = "sysbatch"
   datacenters = ["*"]
@@ -14,10 +19,16 @@ job "cni-reaper-sweep" {
       driver = "raw_exec"
 
       config {
-        command = "/opt/cni/bin/cni-reaper"
-        # --orphans also removes rules tagged for containers cni-reaper never recorded (leaks from
-        # before it was installed) whose network namespace is gone
-        args = ["sweep", "--apply", "--orphans"]
+        command = "/bin/sh"
+        # sweep --orphans also removes rules tagged for containers cni-reaper never recorded (leaks from
+        # before it was installed) whose network namespace is gone. The job fails when the sweep left
+        # something (exit 4); the metrics are written either way (skipped if the directory is missing).
+        args = ["-c", "/opt/cni/bin/cni-reaper sweep --apply --orphans; rc=$?; if [ -d \"$TEXTFILE_DIR\" ]; then /opt/cni/bin/cni-reaper metrics --textfile \"$TEXTFILE_DIR\"; fi; exit $rc"]
+      }
+
+      env {
+        # node_exporter's --collector.textfile.directory (Debian's prometheus-node-exporter default)
+        TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
       }
 
       resources {

@@ -1,4 +1,4 @@
 """cni-reaper: a chained CNI plugin that reaps what dead container networks leave behind."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 PLUGIN_NAME = "cni-reaper"

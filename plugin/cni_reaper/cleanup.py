@@ -18,6 +18,9 @@ from .hostlocal import NetworkDir, all_network_names, locked_networks
 from .plan import Target, plan
 
 APPLY_ATTEMPTS = 3
+# What the metrics count a removal as (metrics.KINDS), by domain and part (plan.PARTS)
+IPTABLES_KINDS = {"masq": "masquerade", "dnat": "dnat", "forward": "firewall"}
+NATIVE_KINDS = {"masq": "nftables_masquerade", "dnat": "nftables_dnat"}
 
 
 @dataclass
@@ -27,6 +30,7 @@ class Outcome:
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     backends: dict[int, str] = field(default_factory=dict)  # family -> backend name
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (network, kind) -> items removed
 
     @property
     def backend(self) -> str:
@@ -36,8 +40,10 @@ class Outcome:
             return names.pop() if names else ""
         return ", ".join(f"ipv{f}: {n}" for f, n in sorted(self.backends.items()))
 
-    def note(self, key, what: str) -> None:
+    def note(self, key, what: str, kind: str, n: int = 1) -> None:
+        """One removal (or `n` of a kind counted as one line: conntrack entries) of attachment `key`."""
         self.removed.setdefault(key, []).append(what)
+        self.counts[(key[0], kind)] = self.counts.get((key[0], kind), 0) + n
 
 
 def _protected(targets: list[Target], live: dict, dirs: dict[str, NetworkDir], fresh_owner_ok) -> dict:
@@ -101,7 +107,7 @@ def clean(targets: list[Target], live: dict, conf, backend_for=None, tombstoned_
                         d = dirs[t.network]
                         act = d.would_release if dry_run else d.release
                         if act(ip, t.container_id, t.ifname):
-                            outcome.note(t.key, f"host-local reservation {t.network}/{ip}")
+                            outcome.note(t.key, f"host-local reservation {t.network}/{ip}", "reservation")
             finally:
                 for n in other:
                     all_dirs[n].close()
@@ -133,8 +139,8 @@ class _Domain:
     """Tables cleaned as one unit, with one kind of backend: an iptables family (`ipv4`, `ipv6`) or the
     plugins' native nftables tables (`nft`)."""
 
-    def __init__(self, label: str, read, plan_fn, apply) -> None:
-        self.label, self.read, self.plan, self.apply = label, read, plan_fn, apply
+    def __init__(self, label: str, read, plan_fn, apply, kinds: dict[str, str]) -> None:
+        self.label, self.read, self.plan, self.apply, self.kinds = label, read, plan_fn, apply, kinds
 
 
 def _clean_netfilter(targets, protected, conf, backend_for, outcome: Outcome, dry_run: bool = False) -> None:
@@ -163,11 +169,11 @@ def _clean_netfilter(targets, protected, conf, backend_for, outcome: Outcome, dr
         outcome.backends[family] = backend.name
         domains.append(_Domain(f"ipv{family}", lambda b=backend, f=family: b.read(f),
                                lambda tables, f=family: plan(tables, wanted, f, protected),
-                               lambda ops, b=backend, f=family: b.apply(f, ops)))
+                               lambda ops, b=backend, f=family: b.apply(f, ops), IPTABLES_KINDS))
     native = [t for t in wanted if t.parts & {"masq", "dnat"}]
     nft = backend_for("native") if backend_for else NftBackend()
     if native and nft is not None:
-        domains.append(_Domain("nft", nft.read, lambda rules: plan_native(rules, native), nft.apply))
+        domains.append(_Domain("nft", nft.read, lambda rules: plan_native(rules, native), nft.apply, NATIVE_KINDS))
     for domain in domains:
         _clean_domain(domain, wanted, outcome, dry_run)
 
@@ -185,7 +191,7 @@ def _clean_domain(domain: _Domain, wanted: list[Target], outcome: Outcome, dry_r
             if p.ops and not dry_run:
                 domain.apply(p.ops)
             for op in p.ops:
-                outcome.note(owners[op.owner], f"{domain.label} {op.table} {op.chain}: {op.what}")
+                outcome.note(owners[op.owner], f"{domain.label} {op.table} {op.chain}: {op.what}", domain.kinds[op.part])
             outcome.skipped += p.skipped
             return
         except LockHeld as exc:
@@ -214,7 +220,7 @@ def _apply_one_by_one(domain: _Domain, targets: list[Target], outcome: Outcome) 
         owner = owners[op.owner]
         try:
             domain.apply([op])
-            outcome.note(owner, f"{domain.label} {op.table} {op.chain}: {op.what}")
+            outcome.note(owner, f"{domain.label} {op.table} {op.chain}: {op.what}", domain.kinds[op.part])
         except BackendError as exc:
             outcome.errors.append(f"{domain.label} {op.table} {op.chain} ({op.what}): {exc}")
             outcome.failed.add(owner)
@@ -240,4 +246,4 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, d
             outcome.errors.append(f"conntrack: {exc}")  # the entries expire in time; the records are not kept
         return
     for ip, n in sorted(counts.items()):
-        outcome.note(owner_of[ip], f"conntrack: {n} entr{'y' if n == 1 else 'ies'} of {ip}")
+        outcome.note(owner_of[ip], f"conntrack: {n} entr{'y' if n == 1 else 'ies'} of {ip}", "conntrack", n)

@@ -31,6 +31,11 @@ def begin(log_file: str | None = None, stderr: bool = True, **context: str) -> N
     _context.update({k: v for k, v in context.items() if v})
 
 
+def field(name: str) -> str:
+    """A field of the current invocation's context ("" when unset): the verb, for instance."""
+    return _context.get(name, "")
+
+
 def _to_file(path: str, line: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)

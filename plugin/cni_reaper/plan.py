@@ -72,16 +72,17 @@ class _Builder:
         self._chains: set[tuple[str, str]] = set()
         self._forward_shapes: dict[tuple[str, ...], tuple[str, tuple[str, str]]] = {}
 
-    def delete_rule(self, table: str, rule: Rule, owner: tuple[str, str], what: str) -> None:
+    def delete_rule(self, table: str, rule: Rule, owner: tuple[str, str], what: str, part: str) -> None:
         if id(rule) in self._rule_ops:
             return
         self._rule_ops.add(id(rule))
-        self.plan.ops.append(rule_op(table, rule, owner, what))
+        self.plan.ops.append(rule_op(table, rule, owner, what, part))
 
     def remaining_refs(self, table: Table, chain: str) -> list[Rule]:
         return [r for r in table.references(chain) if id(r) not in self._rule_ops and r.chain != chain]
 
-    def delete_chain(self, table_name: str, chain: str, owner: tuple[str, str], tag: str | None, what: str) -> None:
+    def delete_chain(self, table_name: str, chain: str, owner: tuple[str, str], tag: str | None, what: str,
+                     part: str) -> None:
         table = self.tables.get(table_name)
         if table is None or chain not in table.chains or (table_name, chain) in self._chains:
             return
@@ -97,7 +98,7 @@ class _Builder:
                 self.plan.skipped.append(f"{table_name} {chain}: holds {len(foreign)} rule(s) without its owner tag")
                 return
         self._chains.add((table_name, chain))
-        self.plan.ops.append(chain_op(table_name, chain, owner, what))
+        self.plan.ops.append(chain_op(table_name, chain, owner, what, part))
 
     # -- per artifact -----------------------------------------------------------------------------
     def masq(self, t: Target, ips: set[str]) -> None:
@@ -109,9 +110,9 @@ class _Builder:
         owner = (t.network, t.container_id)
         for rule in nat.references(chain):
             if rule.chain != chain and rule.comment == tag and (t.any_source or rule.source_ip in ips):
-                self.delete_rule("nat", rule, owner, f"masquerade jump for {rule.source}")
+                self.delete_rule("nat", rule, owner, f"masquerade jump for {rule.source}", "masq")
         if t.whole and not t.keep_masq_chain:
-            self.delete_chain("nat", chain, owner, tag, "masquerade chain")
+            self.delete_chain("nat", chain, owner, tag, "masquerade chain", "masq")
 
     def dnat(self, t: Target, ips: set[str]) -> None:
         nat = self.tables.get("nat")
@@ -125,19 +126,19 @@ class _Builder:
         if t.whole and (t.any_source or dests <= _family_ips(t.dead_ips, self.family)):
             for rule in nat.references(chain):
                 if rule.chain != chain and rule.comment == tag:
-                    self.delete_rule("nat", rule, owner, "hostport DNAT jump")
-            self.delete_chain("nat", chain, owner, None, "hostport DNAT chain")
+                    self.delete_rule("nat", rule, owner, "hostport DNAT jump", "dnat")
+            self.delete_chain("nat", chain, owner, None, "hostport DNAT chain", "dnat")
         else:
             for rule in inside:
                 if rule.target == "DNAT" and rule.dnat_ip in ips:
-                    self.delete_rule("nat", rule, owner, f"DNAT to dead {rule.to_destination}")
+                    self.delete_rule("nat", rule, owner, f"DNAT to dead {rule.to_destination}", "dnat")
         if t.whole:
             schain = chains.snat_chain(t.network, t.container_id)
             stag = chains.snat_comment(t.network, t.container_id)
             for rule in nat.references(schain):
                 if rule.chain != schain and rule.comment == stag:
-                    self.delete_rule("nat", rule, owner, "old hostport SNAT jump")
-            self.delete_chain("nat", schain, owner, None, "old hostport SNAT chain")
+                    self.delete_rule("nat", rule, owner, "old hostport SNAT jump", "dnat")
+            self.delete_chain("nat", schain, owner, None, "old hostport SNAT chain", "dnat")
 
     def forward(self, t: Target, ips: set[str], protected: set[str]) -> None:
         """Collect the firewall plugin's rule shapes for this target's dead IPs; matched in one pass later."""
@@ -156,7 +157,7 @@ class _Builder:
             for rule in filt.chains.get("CNI-FORWARD", []):
                 hit = self._forward_shapes.get(rule.tokens)
                 if hit is not None:
-                    self.delete_rule("filter", rule, hit[1], f"firewall rule for {hit[0]}")
+                    self.delete_rule("filter", rule, hit[1], f"firewall rule for {hit[0]}", "forward")
         return self.plan
 
 
@@ -217,10 +218,10 @@ def plan_native(rules: list[NativeRule], targets: list[Target]) -> NativePlan:
         by_comment.setdefault(r.comment or "", []).append(r)
     seen: set[tuple[str, str, int]] = set()
 
-    def delete(r: NativeRule, owner: tuple[str, str], what: str) -> None:
+    def delete(r: NativeRule, owner: tuple[str, str], what: str, part: str) -> None:
         if (r.family, r.table, r.handle) not in seen:
             seen.add((r.family, r.table, r.handle))
-            out.ops.append(NativeOp(r.family, r.table, r.chain, r.handle, owner, what))
+            out.ops.append(NativeOp(r.family, r.table, r.chain, r.handle, owner, what, part))
 
     for t in targets:
         owner = (t.network, t.container_id)
@@ -231,13 +232,13 @@ def plan_native(rules: list[NativeRule], targets: list[Target]) -> NativePlan:
                 mine = comment.startswith(prefix) if prefix else (
                     (native.masq_owner(comment) or ("", "", ""))[0::2] == (t.network, t.container_id))
                 if mine and (t.any_source or r.saddr in t.dead_ips):
-                    delete(r, owner, f"native masquerade for {r.saddr}")
+                    delete(r, owner, f"native masquerade for {r.saddr}", "masq")
         if "dnat" in t.parts:
             for r in by_comment.get(t.container_id, []):
                 if r.chain in native.DNAT_CHAINS and r.action == "dnat" and r.dnat_addr in t.dead_ips:
-                    delete(r, owner, f"native DNAT to {r.dnat_addr}")
+                    delete(r, owner, f"native DNAT to {r.dnat_addr}", "dnat")
                 elif r.chain == native.HOSTPORT_MASQ_CHAIN and r.action == "masquerade" and r.daddr in t.dead_ips:
-                    delete(r, owner, f"native hostport masquerade for {r.daddr} from {r.saddr}")
+                    delete(r, owner, f"native hostport masquerade for {r.daddr} from {r.saddr}", "dnat")
     return out
 
 

@@ -10,7 +10,8 @@ Rules:
   namespace's identity, its tombstone, whether it has earlier lives) and the file's inode. It is a cache: a
   scan of the directory (names and inodes, no stat, no read) validates it, and when anything disagrees it is
   made anew from the records. Every save and removal under the lock keeps it current, so with nothing stale
-  a verb reads one small file instead of every record (README, Performance).
+  a verb reads one small file instead of every record (README, Performance);
+- `.metrics` holds the clean-ups' counters (metrics.py), written only by a clean-up.
 """
 
 from __future__ import annotations
@@ -74,11 +75,15 @@ class Store:
         self._index: dict[str, list] | None = None  # record file name -> entry (see index()), while locked
         self._journal_lines = 0
         self._pending: list[bytes] = []  # journal lines of a batch of removals, written at sync()
+        self._read_only = False
 
     # -- directory -------------------------------------------------------------------------------
-    def open(self, create: bool = True) -> Store:
+    def open(self, create: bool = True, read_only: bool = False) -> Store:
+        """Open (with `create`, make) the directory. `read_only`: only to read (list, metrics, doctor): a
+        mode other than 0700 is left as it is (a writer sets it)."""
         if self._dfd is not None:
             return self
+        self._read_only = read_only
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             dfd = os.open(self.root, flags)
@@ -96,7 +101,7 @@ class Store:
                     f"cannot create state directory {self.root}: {exc.strerror}",
                     "create it (mode 0700, owned by root) or set stateDir in the conflist to a writable path",
                 ) from None
-            return self.open(create=False)
+            return self.open(create=False, read_only=read_only)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise CniError(
@@ -114,7 +119,7 @@ class Store:
                 "refusing to use it",
                 "chown it to root, or set stateDir to a directory of root's",
             )
-        if stat.S_IMODE(st.st_mode) != 0o700:
+        if stat.S_IMODE(st.st_mode) != 0o700 and not read_only:
             try:
                 os.fchmod(dfd, 0o700)
             except OSError as exc:
@@ -342,8 +347,23 @@ class Store:
     def _write_index(self) -> None:
         """The index written whole, and the journal emptied. Not fsynced: a lost or stale index is found out
         and made anew (index())."""
-        tmp = f"{TMP_PREFIX}{INDEX_NAME}.{os.getpid()}"
         data = jsonio.dumps({"version": INDEX_VERSION, "entries": self._index}).encode()
+        if self.write_aux(INDEX_NAME, data):
+            try:
+                os.unlink(JOURNAL_NAME, dir_fd=self.dfd)
+            except FileNotFoundError:
+                pass
+            self._journal_lines = 0
+
+    # -- files of the directory's own beside the records (.index, .metrics) ---------------------------
+    def read_aux(self, name: str) -> bytes | None:
+        """One of the directory's own files, or None when it is missing or not a regular file of ours."""
+        return self._read_file(name)
+
+    def write_aux(self, name: str, data: bytes, durable: bool = False) -> bool:
+        """Replace one of the directory's own files atomically (temp file, rename); fsynced with `durable`.
+        The caller holds the lock. False (and nothing changed) when it could not be written."""
+        tmp = f"{TMP_PREFIX}{name}.{os.getpid()}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=self.dfd)
@@ -351,19 +371,18 @@ class Store:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
-            os.rename(tmp, INDEX_NAME, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
-            try:
-                os.unlink(JOURNAL_NAME, dir_fd=self.dfd)
-            except FileNotFoundError:
-                pass
-            self._journal_lines = 0
+            os.rename(tmp, name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+            return True
         except OSError:
             try:
                 os.unlink(tmp, dir_fd=self.dfd)
             except OSError:
                 pass
+            return False
 
     def names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.dfd) if n.startswith(RECORD_PREFIX) and n.endswith(RECORD_SUFFIX))
@@ -382,6 +401,8 @@ class Store:
             return False
 
     def _quarantine(self, name: str, problem: str) -> None:
+        if self._read_only:  # a reader skips it; the next writer moves it aside
+            return
         if self._index is not None:
             self._index.pop(name, None)
         target = name + CORRUPT_SUFFIX

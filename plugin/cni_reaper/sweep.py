@@ -9,6 +9,7 @@ machinery (planning, netfilter backends) imported and run (`sweep`).
 from __future__ import annotations
 
 import os
+import time
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
 if TYPE_CHECKING:
@@ -142,15 +143,18 @@ def sweep(store, conf, records: list[dict] | None = None, states: dict | None = 
             states.setdefault(key(r), classify(r, conf.cniCacheDir))
         live = {key(r): ips(r["current"]) for r in records if states[key(r)] == LIVE or key(r) in exclude}
         mine = [r for r in records if key(r) not in exclude and (not only_network or r["network"] == only_network)]
+    extra = list(extra)
     targets: list[Target] = list(extra)
     for r in mine:
         targets += targets_for(r, states[key(r)])
     if not targets:
         return Outcome()
     finished = frozenset(k for k, state in states.items() if state == DONE)
+    started = time.monotonic()
     outcome = clean(targets, live, conf, backend_for=backend_for, tombstoned_keys=finished, dry_run=dry_run)
     if dry_run or store is None:
         return outcome
+    cleaned: dict[str, int] = {}
     for r in mine:
         if key(r) in outcome.failed:
             continue
@@ -159,10 +163,18 @@ def sweep(store, conf, records: list[dict] | None = None, states: dict | None = 
             store.remove(*key(r), sync=False)
             log.info("record dropped", network=r["network"], containerID=r["containerID"], ifname=r["ifname"],
                      state=state)
+            if state != DONE or key(r) in outcome.removed:  # a DEL that went well is no dead attachment
+                cleaned[r["network"]] = cleaned.get(r["network"], 0) + 1
         elif state == LIVE and r["earlier"]:
             r["earlier"] = []
             store.save(r)
+    for t in extra:  # attachments with no record (orphans, GC's): cleaned if something of theirs was
+        if t.whole and t.key in outcome.removed and t.key not in outcome.failed:
+            cleaned[t.network] = cleaned.get(t.network, 0) + 1
     store.sync()
+    from . import metrics
+
+    metrics.add(store, outcome, cleaned, time.monotonic() - started)
     return outcome
 
 

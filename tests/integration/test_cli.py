@@ -18,7 +18,8 @@ def stack(two_stacks):
 
 
 def cli(sb, *args):
-    return sb.run([str(sb.plugin_dir / "cni-reaper"), *args])
+    """The CLI with no conflist to read (an empty conf dir, not the machine's): the defaults and the flags."""
+    return sb.run([str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(sb.root / "no-conflists")])
 
 
 def ips_of(proc):

@@ -10,7 +10,7 @@ from pathlib import Path
 import hcl2
 import pytest
 
-from testkit.sandbox import REPO, reference_plugins
+from testkit.sandbox import REPO, binary_exe, reference_plugins
 
 INSTALL = REPO / "scripts" / "install.sh"
 
@@ -28,9 +28,7 @@ def run(*args, check=True):
 
 
 def test_install_is_idempotent_and_uninstall_removes_only_what_it_installed(tmp_path):
-    bundle = os.environ.get("CNI_REAPER_BIN", str(REPO / "dist" / "cni-reaper" / "cni-reaper"))
-    if not os.access(bundle, os.X_OK):
-        pytest.skip("no built binary (scripts/build.sh)")
+    bundle = binary_exe()
     root = tmp_path / "root"
     (root / "opt" / "cni" / "bin").mkdir(parents=True)
     (root / "opt" / "cni" / "bin" / "someone-elses-plugin").write_text("#!/bin/sh\n")
@@ -80,8 +78,13 @@ def test_the_sweep_job_is_a_sysbatch_raw_exec_job_running_sweep_apply():
     [(_, t)] = task.items()
     assert _unquote(t["driver"]) == "raw_exec"
     config = t["config"][0]
-    assert _unquote(config["command"]) == "/opt/cni/bin/cni-reaper"
-    assert [_unquote(a) for a in config["args"]][:2] == ["sweep", "--apply"]
+    assert _unquote(config["command"]) == "/bin/sh" and json.loads(config["args"][0]) == "-c"
+    script = json.loads(config["args"][1])  # an HCL string literal (its escapes are JSON's)
+    assert "/opt/cni/bin/cni-reaper sweep --apply --orphans" in script and "metrics --textfile" in script
+    # no key of a conflist repeated: the CLI reads them from the conflists
+    assert not any(flag in script for flag in ("--state-dir", "--ipam-data-dir", "--cni-cache-dir", "--backend",
+                                               "--log-file", "--network"))
+    assert _unquote(t["env"][0]["TEXTFILE_DIR"]).startswith("/")
 
 
 def test_the_example_job_uses_the_shipped_conflist_by_name():
@@ -107,9 +110,7 @@ def test_every_shipped_conflist_ends_with_cni_reaper_declaring_port_mappings():
 @pytest.mark.parametrize("plugins,form", [("1.1.1", "1.0.0"), ("1.9", "1.1.0")])
 def test_install_picks_the_conflist_form_the_installed_plugins_speak(tmp_path, plugins, form):
     """Plugins 1.6+ speak CNI 1.1.0 (and so get STATUS from Nomad 1.9.5+); Debian 12's 1.1.1 do not."""
-    bundle = os.environ.get("CNI_REAPER_BIN", str(REPO / "dist" / "cni-reaper" / "cni-reaper"))
-    if not os.access(bundle, os.X_OK):
-        pytest.skip("no built binary (scripts/build.sh)")
+    bundle = binary_exe()
     root = tmp_path / "root"
     bindir = root / "opt" / "cni" / "bin"
     bindir.mkdir(parents=True)

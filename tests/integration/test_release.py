@@ -163,11 +163,14 @@ def test_the_release_in_debian_11_without_python(tmp_path, release, bullseye, fl
         sh("ip", "netns", "del", host, check=False)
 
 
-def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bullseye):
+@pytest.mark.parametrize("plugins_there", [False, True], ids=["no-opt-cni", "plugins-in-opt-cni-bin"])
+def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bullseye, plugins_there):
     """dpkg -i then dpkg -r in a throwaway Debian 11 root: afterwards only dpkg's own books, and the records and
-    log cni-reaper wrote in between, differ from before."""
+    log cni-reaper wrote in between, differ from before; /opt stays (it belongs to no package) and so do
+    /opt/cni/bin and the plugins in it when they were there before."""
+    before = "mkdir -p /opt/cni/bin && echo plugin > /opt/cni/bin/bridge; " if plugins_there else ""
     script = (f'cp {release["deb"]} "$ROOT/tmp/pkg.deb" && chroot "$ROOT" sh -ec "'
-              f"dpkg -i /tmp/pkg.deb >/dev/null; "
+              f"{before}dpkg -i /tmp/pkg.deb >/dev/null; "
               f"test -L /opt/cni/bin/cni-reaper; CNI_COMMAND=VERSION /opt/cni/bin/cni-reaper >/dev/null; "
               f"ls /usr/share/cni-reaper/conflist/1.1.0/nomad-reaper.conflist /usr/share/cni-reaper/nomad/client.hcl; "
               f"mkdir -p /var/lib/cni/reaper && echo x > /var/lib/cni/reaper/r-0.json && echo x > /var/log/cni-reaper.log; "
@@ -175,6 +178,11 @@ def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bulls
     proc = debian11.in_overlay(bullseye, tmp_path / "ovl", script)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     upper = tmp_path / "ovl" / "upper"
-    changed = sorted(str(p.relative_to(upper)) for p in upper.rglob("*") if not p.is_dir() or not any(p.iterdir()))
-    kept = [c for c in changed if not c.startswith(("var/lib/dpkg/", "var/log/dpkg.log", "var/cache/", "tmp"))]
-    assert kept == ["var/lib/cni/reaper/r-0.json", "var/log/cni-reaper.log"], changed
+    # a directory overlayfs only copied up (its times changed) is no change; a file, a whiteout (a removed
+    # file) or a directory the base did not have is
+    changed = sorted(str(p.relative_to(upper)) for p in upper.rglob("*")
+                     if not p.is_dir() or not (bullseye / p.relative_to(upper)).is_dir())
+    kept = [c for c in changed if not c.startswith(("var/lib/dpkg/", "var/log/dpkg.log", "var/cache/", "tmp", "run"))]
+    there_before = ["opt/cni", "opt/cni/bin", "opt/cni/bin/bridge"] if plugins_there else []
+    assert kept == [*there_before, "var/lib/cni", "var/lib/cni/reaper", "var/lib/cni/reaper/r-0.json",
+                    "var/log/cni-reaper.log"], changed

@@ -33,12 +33,16 @@ def unique(prefix: str) -> str:
 
 
 def binary_exe() -> str:
-    """The built bundle (scripts/build.sh), or CNI_REAPER_BIN; skips the calling test when there is none."""
+    """The built bundle (scripts/build.sh or release.sh), or CNI_REAPER_BIN; skips the calling test when there
+    is none, except in CI (CI set), where a missing bundle is a failure."""
     import pytest
 
     exe = os.environ.get("CNI_REAPER_BIN") or str(REPO / "dist" / "cni-reaper" / "cni-reaper")
     if not os.access(exe, os.X_OK):
-        pytest.skip("no built binary (scripts/build.sh); set CNI_REAPER_BIN to test one")
+        why = f"no built binary at {exe} (scripts/build.sh); set CNI_REAPER_BIN to test one"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
     return exe
 
 
@@ -160,6 +164,8 @@ class Sandbox:
         self.plugins = reference_plugins(stack.plugins)
         self.cni_dir = root / "var-lib-cni"  # mounted over /var/lib/cni inside the sandbox
         self.cni_dir.mkdir(parents=True, exist_ok=True)
+        self.var_log = root / "var-log"  # and over /var/log: a shipped conflist's logFile lands here
+        self.var_log.mkdir(exist_ok=True)
         self.log_file = root / "cni-reaper.log"
         self.plugin_dir = root / "plugins"
         self.plugin_dir.mkdir(exist_ok=True)
@@ -205,10 +211,11 @@ class Sandbox:
         return env
 
     def wrap(self, argv: list[str], pre: str = "") -> list[str]:
-        """argv run inside the host netns, in a private mount namespace with the sandbox's /var/lib/cni
-        (and `pre`, shell commands run first in that namespace, e.g. to hide a binary)."""
+        """argv run inside the host netns, in a private mount namespace with the sandbox's /var/lib/cni and
+        /var/log (and `pre`, shell commands run first in that namespace, e.g. to hide a binary)."""
         return ["ip", "netns", "exec", self.host, "sh", "-c",
-                f'mount --bind "$0" /var/lib/cni && {pre + " && " if pre else ""}exec "$@"', str(self.cni_dir), *argv]
+                f'mount --bind "$0" /var/lib/cni && mount --bind "$1" /var/log && shift && '
+                f'{pre + " && " if pre else ""}exec "$@"', str(self.cni_dir), str(self.var_log), *argv]
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, input: str | None = None,
             check: bool = False, timeout: float = 120, pre: str = "") -> subprocess.CompletedProcess:
@@ -296,10 +303,13 @@ class Sandbox:
         return "\n".join(re.sub(r" \[\d+:\d+\]$", "", l) for l in text.splitlines() if not l.startswith("#"))
 
     def reservations(self, network: str) -> dict[str, str]:
-        d = self.cni_dir / "networks" / network
-        if not d.exists():
-            return {}
-        return {p.name: p.read_text().split()[0] for p in d.iterdir() if p.name[0].isdigit() or ":" in p.name}
+        """host-local's reservations of `network` (IP -> container ID), in whichever dataDir under the
+        sandbox's /var/lib/cni the conflist names (networks/ by default, services/ in custom-network)."""
+        out = {}
+        for d in sorted(self.cni_dir.glob(f"*/{network}")):
+            if d.is_dir() and d.parent.name not in ("results", "reaper"):
+                out.update({p.name: p.read_text().split()[0] for p in d.iterdir() if p.name[0].isdigit() or ":" in p.name})
+        return out
 
     def residue(self, network: str, cid: str, ips: list[str], tables: str | None = None) -> list[str]:
         """Everything of (network, cid) in the tables and host-local: chains, tagged rules, firewall rules of

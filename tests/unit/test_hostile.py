@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from cni_reaper import shell
 from testkit.cni import NETNS, prev_result
+from testkit.sandbox import binary_exe
 
 EXAMPLES = int(os.environ.get("CNI_REAPER_HOSTILE_EXAMPLES", "10000"))
 SPEC_CODES = {1, 2, 3, 4, 5, 6, 7, 11, 50, 51}
@@ -133,9 +134,7 @@ def test_hostile_env_and_stdin(sandbox_root, monkeypatch, data):
 
 def test_a_sample_against_the_built_binary(sandbox_root):
     """The same kind of input, through the real executable (env and stdin as a runtime passes them)."""
-    exe = os.environ.get("CNI_REAPER_BIN") or str(Path(__file__).resolve().parents[2] / "dist" / "cni-reaper" / "cni-reaper")
-    if not os.access(exe, os.X_OK):
-        pytest.skip("no built binary (scripts/build.sh)")
+    exe = binary_exe()
     state = str(sandbox_root / "state" / "bin")
     cases = [
         ("ADD", {"CNI_CONTAINERID": "../../etc", "CNI_NETNS": NETNS, "CNI_IFNAME": "eth0"}, b'{"cniVersion":"1.0.0","name":"n"}'),

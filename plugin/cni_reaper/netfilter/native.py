@@ -111,13 +111,14 @@ def parse_json(doc: dict) -> list[NativeRule]:
 class NativeOp:
     """Delete one rule by its handle."""
 
-    __slots__ = ("chain", "family", "handle", "owner", "table", "what")
+    __slots__ = ("chain", "family", "handle", "owner", "part", "table", "what")
     family: str
     table: str
     chain: str
     handle: int
     owner: tuple[str, str]
     what: str
+    part: str  # "masq" (bridge's) or "dnat" (portmap's)
 
 
 def script(ops: list[NativeOp]) -> str:

@@ -32,15 +32,21 @@ class NftBackend:
             raise BackendError(f"nft {' '.join(argv[:3])} exited {proc.returncode}: {proc.stderr.strip()[:500]}")
         return proc.stdout
 
+    def tables(self) -> set[tuple[str, str]]:
+        """(family, name) of every nftables table (none without an nft binary)."""
+        if not self.binary:
+            return set()
+        try:
+            listed = json.loads(self._run(["-j", "list", "tables"]) or "{}")
+            return {(t["table"]["family"], t["table"]["name"]) for t in listed.get("nftables", [])
+                    if isinstance(t, dict) and isinstance(t.get("table"), dict)}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BackendError(f"nft -j list tables: unreadable output ({exc})") from None
+
     def read(self) -> list[NativeRule]:
         if not self.binary:
             return []
-        try:
-            listed = json.loads(self._run(["-j", "list", "tables"]) or "{}")
-            present = {(t["table"]["family"], t["table"]["name"]) for t in listed.get("nftables", [])
-                       if isinstance(t, dict) and isinstance(t.get("table"), dict)}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BackendError(f"nft -j list tables: unreadable output ({exc})") from None
+        present = self.tables()
         rules: list[NativeRule] = []
         for family, name in TABLES:
             if (family, name) in present:

@@ -42,7 +42,7 @@ class Rule:
 class Op:
     """One deletion: a rule (by its saved text, and its position when planned) or a whole chain."""
 
-    __slots__ = ("chain", "index", "kind", "owner", "spec", "table", "what")
+    __slots__ = ("chain", "index", "kind", "owner", "part", "spec", "table", "what")
     kind: str  # "rule" (delete one rule) or "chain" (flush and delete a chain)
     table: str
     chain: str
@@ -50,14 +50,15 @@ class Op:
     owner: tuple[str, str]  # (network, container ID) whose leftover this is
     what: str  # for the log: what it is
     index: int  # for rules: position in the chain when planned (backends that delete by position check it)
+    part: str  # which plugin's leftover (plan.PARTS: "masq", "dnat", "forward"): what the metrics count it as
 
 
-def rule_op(table: str, rule: Rule, owner: tuple[str, str], what: str) -> Op:
-    return Op("rule", table, rule.chain, rule.spec, owner, what, rule.index)
+def rule_op(table: str, rule: Rule, owner: tuple[str, str], what: str, part: str) -> Op:
+    return Op("rule", table, rule.chain, rule.spec, owner, what, rule.index, part)
 
 
-def chain_op(table: str, chain: str, owner: tuple[str, str], what: str) -> Op:
-    return Op("chain", table, chain, "", owner, what, -1)
+def chain_op(table: str, chain: str, owner: tuple[str, str], what: str, part: str) -> Op:
+    return Op("chain", table, chain, "", owner, what, -1, part)
 
 
 def by_table(ops: list[Op]) -> dict[str, list[Op]]:
