@@ -46,7 +46,10 @@ SOURCES = ["plugin", "build/cni-reaper.spec", "build/entry.py", "build/requireme
 VENV_SCRIPT = r"""
 rm -rf /build/venv-[0-9a-f]* /build/pyinstaller  # earlier build environments go with the one being made
 python3 -m venv @VENV@
-@VENV@/bin/pip install -q --disable-pip-version-check -r /build/src/build/requirements-bundle.txt
+# -g0: python-iptables' C extension is compiled from its sdist in a temp directory of a random name, which
+# debug info would record (and the linker's build ID with it): without it the extension is the same each time
+CFLAGS="-O2 -g0" @VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir \
+  -r /build/src/build/requirements-bundle.txt
 mkdir -p /build/pyinstaller && cd /build/pyinstaller
 @VENV@/bin/pip download -q --disable-pip-version-check --no-deps --no-binary :all: pyinstaller==@VERSION@
 echo "@SHA@  pyinstaller-@VERSION@.tar.gz" | sha256sum -c - >/dev/null
