@@ -223,6 +223,7 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
                 "ADD with 1,000 live records - ADD (ms)": round(med["cni-reaper ADD, 1,000 live records"] - med["cni-reaper ADD"], 2),
                 "DEL with 1,000 live records - DEL (ms)": round(med["cni-reaper DEL, 1,000 live records"] - med["cni-reaper DEL, nothing stale"], 2),
                 "chain ADD share": round(chain["with cni-reaper"] / chain["without"] - 1, 3),
+                "chain ADD share of the floor": round(chain["with the floor"] / chain["without"] - 1, 3),
             }}
 
 
@@ -236,11 +237,18 @@ def staged(r: dict) -> dict:
 
 
 def bench_chain(sb: Sandbox, pairs: int) -> dict:
-    """The whole Nomad bridge chain's ADD through go-cni, with and without cni-reaper appended."""
+    """The whole Nomad bridge chain's ADD through go-cni, with cni-reaper appended, with the floor appended in
+    its place (what any one-folder Python plugin adds), and with nothing appended."""
     with_reaper, without = sb.conflist(), sb.conflist(without_reaper=True)
-    samples: dict[str, list[float]] = {"with cni-reaper": [], "without": []}
+    doc = json.loads(with_reaper.read_text())
+    doc["plugins"][-1] = {"type": "floor"}
+    with_floor = sb.root / "with-floor.conflist"
+    with_floor.write_text(json.dumps(doc))
+    if not (sb.plugin_dir / "floor").exists():
+        (sb.plugin_dir / "floor").symlink_to(FLOOR)
+    samples: dict[str, list[float]] = {"with cni-reaper": [], "with the floor": [], "without": []}
     for i in range(pairs):
-        order = [("with cni-reaper", with_reaper), ("without", without)]
+        order = [("with cni-reaper", with_reaper), ("with the floor", with_floor), ("without", without)]
         for name, cl in (order if i % 2 == 0 else list(reversed(order))):
             netns = sb.container()
             cid = unique("chain-")
@@ -444,6 +452,7 @@ def report(r: dict) -> None:
         for name, ms in v["medians_ms"].items():
             print(f"  {name:<48} {ms:>8.2f}   peak {v['peak_rss_mib'][name]:>5.1f} MiB")
         print(f"  {'bridge chain ADD via go-cni, with cni-reaper':<48} {v['chain_ms']['with cni-reaper']:>8.2f}")
+        print(f"  {'bridge chain ADD via go-cni, with the floor':<48} {v['chain_ms']['with the floor']:>8.2f}")
         print(f"  {'bridge chain ADD via go-cni, without':<48} {v['chain_ms']['without']:>8.2f}")
         print("  ratios: " + ", ".join(f"{k} {val}" for k, val in v["ratios"].items()))
         print("  stages of cni-reaper's ADD (ms): " + ", ".join(f"{k} {val}" for k, val in v["stages_ms"].items()))
