@@ -407,11 +407,14 @@ class Sandbox:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def udp_receiver(self, netns: str, port: int) -> subprocess.Popen:
-        """A UDP server in a container netns that prints the time of every datagram it receives."""
+        """A UDP server in a container netns that prints the time of every datagram it receives; returns once
+        it is bound (its first line, `ready`, has been read)."""
         code = ("import socket,sys,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('0.0.0.0',int(sys.argv[1])))\n"
-                "while True:\n s.recvfrom(100);print(time.time(),flush=True)")
-        return subprocess.Popen(["ip", "netns", "exec", os.path.basename(netns), sys.executable, "-c", code, str(port)],
+                "print('ready',flush=True)\nwhile True:\n s.recvfrom(100);print(time.time(),flush=True)")
+        proc = subprocess.Popen(["ip", "netns", "exec", os.path.basename(netns), sys.executable, "-c", code, str(port)],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert proc.stdout.readline().strip() == "ready", "the UDP receiver did not start"
+        return proc
 
     def state_dir(self) -> Path:
         return self.cni_dir / "reaper"
