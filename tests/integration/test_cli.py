@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from testkit.sandbox import unique
+from testkit.sandbox import ips_of, unique
 
 pytestmark = pytest.mark.netns
 
@@ -20,11 +20,6 @@ def stack(two_stacks):
 def cli(sb, *args):
     """The CLI with no conflist to read (an empty conf dir, not the machine's): the defaults and the flags."""
     return sb.run([str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(sb.root / "no-conflists")])
-
-
-def ips_of(proc):
-    assert proc.returncode == 0, proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
 
 
 def test_list_and_sweep_as_an_operator_would(sandbox):

@@ -8,14 +8,9 @@ import json
 
 import pytest
 
-from testkit.sandbox import Stack, open_sandbox, unique
+from testkit.sandbox import Stack, ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
-
-
-def ips_of(proc) -> list[str]:
-    assert proc.returncode == 0, proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
 
 
 def without_capability(sb):

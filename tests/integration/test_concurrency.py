@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from cni_reaper.record import problem as record_problem
-from testkit.sandbox import unique
+from testkit.sandbox import ips_of, unique
 
 pytestmark = pytest.mark.netns
 
@@ -46,11 +46,6 @@ def other_writer_final(n: int) -> list[str]:
     nat = [f'-A POSTROUTING -s 10.250.{i % 50}.{i % 200 + 1}/32 -m comment --comment other-writer -j RETURN' for i in kept]
     filt = [f'-A FORWARD -s 10.250.{i % 50}.{i % 200 + 1}/32 -m comment --comment other-writer -j ACCEPT' for i in kept]
     return nat + filt
-
-
-def ips_of(proc) -> list[str]:
-    assert proc.returncode == 0, proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
 
 
 @pytest.mark.parametrize("round_", range(ROUNDS))

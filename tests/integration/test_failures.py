@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from testkit.sandbox import unique
+from testkit.sandbox import ips_of, unique
 
 pytestmark = pytest.mark.netns
 
@@ -17,11 +17,6 @@ pytestmark = pytest.mark.netns
 def stack(two_stacks):
     """cni-reaper's own machinery: the oldest and the newest stack suffice."""
     return two_stacks
-
-
-def ips_of(proc):
-    assert proc.returncode == 0, proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
 
 
 def dead_attachment(sb):

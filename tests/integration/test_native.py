@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from testkit.sandbox import Stack, open_sandbox, unique
+from testkit.sandbox import Stack, ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 NOMAD = Stack("1.9", "go-cni-1.1.13")
@@ -23,11 +23,6 @@ PORTS = ("8080:80/tcp", "8080:80/udp")
 def sb(request, tmp_path, flavour, reaper_exe):
     with open_sandbox(tmp_path, flavour, reaper_exe, request.param) as sandbox:
         yield sandbox
-
-
-def ips_of(proc) -> list[str]:
-    assert proc.returncode == 0, proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
 
 
 def of(sandbox, cid: str, ips: list[str]) -> list[str]:
@@ -65,18 +60,7 @@ def test_an_allocation_that_died_without_del_does_not_shadow_its_host_port(sb):
     live_ns = sb.container()
     ips_of(sb.driver("add", unique("alloc-"), live_ns, PORTS, conflist))
     assert of(sb, dead, dead_ips) == []
-    server = sb.serve(live_ns, 80, "new")
-    try:
-        deadline, answer = time.monotonic() + 10, ""
-        while time.monotonic() < deadline:
-            answer = sb.connect("172.26.64.1", 8080)
-            if not answer.startswith("refused"):
-                break
-            time.sleep(0.2)
-        assert answer == "new"
-    finally:
-        server.kill()
-        server.wait()
+    assert sb.reach(live_ns, "172.26.64.1", 8080, "new") == "new"
 
 
 def test_gc_and_orphans_cover_native_rules(sb):

@@ -6,11 +6,10 @@ and runs ADD again at the same path, with no DEL in between."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from testkit.sandbox import Stack, open_sandbox, sh, unique
+from testkit.sandbox import Stack, ips_of, open_sandbox, sh, unique
 
 pytestmark = pytest.mark.netns
 NOMAD = Stack("1.9", "go-cni-1.1.13")
@@ -22,27 +21,6 @@ def nomad(tmp_path, flavour, reaper_exe):
     with open_sandbox(tmp_path, flavour, reaper_exe, NOMAD) as sb:
         assert json.loads(sb.conflist().read_text())["cniVersion"] == "1.1.0"
         yield sb
-
-
-def ips_of(proc) -> list[str]:
-    assert proc.returncode == 0, proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
-
-
-def reach(sb, netns, port, reply) -> str:
-    server = sb.serve(netns, 80, reply)
-    try:
-        deadline = time.monotonic() + 10
-        answer = ""
-        while time.monotonic() < deadline:
-            answer = sb.connect("172.26.64.1", port)
-            if not answer.startswith("refused"):
-                break
-            time.sleep(0.2)
-        return answer
-    finally:
-        server.kill()
-        server.wait()
 
 
 def test_check_on_restore_passes_for_a_live_allocation(nomad):
@@ -73,7 +51,7 @@ def test_recreate_after_a_failed_check_succeeds_and_leaves_nothing_of_the_old_li
     gone = [ip for ip in old_ips if ip not in new_ips]
     leftovers = [l for l in nomad.residue("nomad-reaper", cid, gone) if any(f"{ip}/" in l or f"{ip}:" in l for ip in gone)]
     assert leftovers == [], leftovers
-    assert reach(nomad, netns, 8080, "second life") == "second life"
+    assert nomad.reach(netns, "172.26.64.1", 8080, "second life") == "second life"
     final = nomad.driver("del", cid, netns, PORTS)
     assert final.returncode == 0, final.stderr
     assert nomad.residue("nomad-reaper", cid, old_ips + new_ips) == []

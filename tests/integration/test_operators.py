@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testkit.sandbox import REPO, binary_exe, flavour_bin_dir, reference_plugins, sh, unique
+from testkit.sandbox import REPO, binary_exe, flavour_bin_dir, ips_of, reference_plugins, sh, unique
 
 pytestmark = pytest.mark.netns
 
@@ -22,11 +22,6 @@ pytestmark = pytest.mark.netns
 @pytest.fixture
 def stack(two_stacks):
     return two_stacks
-
-
-def ips_of(proc) -> list[str]:
-    assert proc.returncode == 0, proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
 
 
 def cli(sb, *args):

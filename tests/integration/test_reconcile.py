@@ -4,20 +4,14 @@ iptables-nft and iptables-legacy, IPv4 and dual-stack, in throwaway namespaces."
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from testkit.sandbox import unique
+from testkit.sandbox import ips_of, unique
 
 pytestmark = pytest.mark.netns
 DUALSTACK = "nomad-reaper-dualstack.conflist"
 PORTS = ("8080:80/tcp", "8080:80/udp")
-
-
-def ips_of(add_proc) -> list[str]:
-    assert add_proc.returncode == 0, add_proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(add_proc.stdout)[-1]["ips"]]
 
 
 def status(sb, conflist):
@@ -94,22 +88,6 @@ def test_del_without_port_mappings_removes_the_dnat_chain_and_jumps(sandbox):
     assert sandbox.residue("nomad-reaper", cid, ips) == []
 
 
-def _reach(sandbox, netns, gateway, port, reply) -> str:
-    server = sandbox.serve(netns, 80, reply)
-    try:
-        deadline = time.monotonic() + 10
-        answer = ""
-        while time.monotonic() < deadline:
-            answer = sandbox.connect(gateway, port)
-            if not answer.startswith("refused"):
-                break
-            time.sleep(0.2)
-        return answer
-    finally:
-        server.kill()
-        server.wait()
-
-
 def test_host_port_reuse_reaches_the_new_allocation(sandbox):
     """Nomad #11901: a dead allocation's DNAT jump for port P stands first; the new allocation on P must get
     the traffic. A real TCP connection from the host netns to the host port proves it."""
@@ -121,7 +99,7 @@ def test_host_port_reuse_reaches_the_new_allocation(sandbox):
     netns_b = sandbox.container()
     ips_of(sandbox.driver("add", live, netns_b, PORTS))
     assert not [l for l in sandbox.residue("nomad-reaper", dead, []) if "dnat" in l or "CNI-DN-" in l]
-    assert _reach(sandbox, netns_b, "172.26.64.1", 8080, "B") == "B"
+    assert sandbox.reach(netns_b, "172.26.64.1", 8080, "B") == "B"
 
 
 def test_reboot_with_restored_rules_first_add_cleans_them(sandbox):
@@ -137,7 +115,7 @@ def test_reboot_with_restored_rules_first_add_cleans_them(sandbox):
     ips_of(sandbox.driver("add", cid, netns, PORTS))
     for old, ips in before.items():
         assert sandbox.residue("nomad-reaper", old, ips) == [], old
-    assert _reach(sandbox, netns, "172.26.64.1", 8080, "after-reboot") == "after-reboot"
+    assert sandbox.reach(netns, "172.26.64.1", 8080, "after-reboot") == "after-reboot"
 
 
 def test_two_networks_each_clean_only_their_own(sandbox):

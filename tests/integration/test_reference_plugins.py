@@ -4,12 +4,11 @@ release changes one, this file says which."""
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import pytest
 
-from testkit.sandbox import Stack, open_sandbox, unique
+from testkit.sandbox import Stack, ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 PLUGIN_SETS = [Stack("1.1.1"), Stack("1.9"), Stack("1.9", "go-cni-1.1.13")]
@@ -21,11 +20,6 @@ def plain(request, tmp_path, flavour, package_exe):
     """A sandbox and the shipped chain without cni-reaper."""
     with open_sandbox(tmp_path, flavour, package_exe, request.param) as sb:
         yield sb, sb.conflist(without_reaper=True)
-
-
-def ips_of(proc) -> list[str]:
-    assert proc.returncode == 0, proc.stderr
-    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
 
 
 def test_netns_gone_then_del_succeeds_but_leaks_the_masquerade_rules(plain):

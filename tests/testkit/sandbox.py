@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +31,12 @@ def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
 
 def unique(prefix: str) -> str:
     return f"{prefix}{os.getpid() % 100000}-{next(_counter)}"
+
+
+def ips_of(proc) -> list[str]:
+    """The addresses (without prefix) of a successful ADD through the driver; a failed ADD fails the test."""
+    assert proc.returncode == 0, proc.stderr
+    return [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
 
 
 def binary_exe() -> str:
@@ -348,6 +355,22 @@ class Sandbox:
         proc = subprocess.Popen(["ip", "netns", "exec", os.path.basename(netns), sys.executable, "-c", code,
                                  "0.0.0.0", str(port), reply], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         return proc
+
+    def reach(self, netns: str, host_ip: str, host_port: int, reply: str) -> str:
+        """Serve `reply` on port 80 in a container netns and connect to host_ip:host_port from the host netns,
+        retrying while refused (up to 10 s): what answered, or 'timeout'/'refused ...'."""
+        server = self.serve(netns, 80, reply)
+        try:
+            deadline, answer = time.monotonic() + 10, ""
+            while time.monotonic() < deadline:
+                answer = self.connect(host_ip, host_port)
+                if not answer.startswith("refused"):
+                    break
+                time.sleep(0.2)
+            return answer
+        finally:
+            server.kill()
+            server.wait()
 
     def connect(self, ip: str, port: int, timeout: float = 3.0) -> str:
         """Connect from the host netns; returns what the server said, or 'timeout'/'refused'."""
