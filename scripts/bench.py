@@ -361,7 +361,7 @@ def bench_native_sweep(n: int, driver: str) -> dict:
 
 CONNTRACK_PROBE = """
 import json, sys, time
-from cni_reaper import conntrack
+from cni_reaper.reap import conntrack
 ips = set(json.loads(sys.argv[1]))
 t0 = time.perf_counter()
 counts = conntrack.clear(ips)

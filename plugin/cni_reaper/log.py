@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from . import jsonio
+from cni_reaper import jsonio
 
 MAX_BYTES = 10 << 20
 

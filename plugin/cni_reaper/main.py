@@ -14,15 +14,16 @@ def main() -> int:
     if os.environ.get("CNI_COMMAND"):
         if os.environ.get("CNI_REAPER_STAGES"):
             _exit(_staged())
-        from .shell import main_cni
+        from cni_reaper.cni.shell import main_cni
+        from cni_reaper.verbs.dispatch import dispatch
 
-        _exit(main_cni(os.environ))
+        _exit(main_cni(os.environ, dispatch))
     if len(sys.argv) > 1:
-        from .cli import main as cli_main
+        from cni_reaper.tools.cli import main as cli_main
 
         return cli_main(sys.argv[1:])
-    from .shell import about
-    from .versions import SUPPORTED
+    from cni_reaper.cni.shell import about
+    from cni_reaper.cni.versions import SUPPORTED
 
     sys.stderr.write(f"{about()}\nCNI protocol versions supported: {', '.join(SUPPORTED)}\n")
     return 0
@@ -46,10 +47,11 @@ def _staged() -> int:
     import time
 
     entered = time.monotonic_ns()
-    from .shell import main_cni
+    from cni_reaper.cni.shell import main_cni
+    from cni_reaper.verbs.dispatch import dispatch
 
     imported = time.monotonic_ns()
-    code = main_cni(os.environ)
+    code = main_cni(os.environ, dispatch)
     done = time.monotonic_ns()
     sys.stderr.write(f'{{"stages": {{"main": {entered}, "imported": {imported}, "done": {done}}}}}\n')
     return code

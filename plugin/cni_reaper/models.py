@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from .conf import (
+from cni_reaper.cni.conf import (
     DEFAULT_CNI_CACHE_DIR,
     DEFAULT_IPAM_DATA_DIR,
     DEFAULT_LOCK_TIMEOUT,
@@ -38,10 +38,18 @@ from .conf import (
     TOP_FIELDS,
     TOP_RESETTABLE,
 )
-from .gojson import pick
-from .record import MAX_EARLIER as MAX_EARLIER_INCARNATIONS
-from .record import SCHEMA as RECORD_SCHEMA
-from .result import IFACE_FIELDS, IP_FIELDS, IP_RESETTABLE, OLD_IP_FIELDS, OLD_VERSIONS, RESULT_FIELDS, RESULT_RESETTABLE
+from cni_reaper.cni.result import (
+    IFACE_FIELDS,
+    IP_FIELDS,
+    IP_RESETTABLE,
+    OLD_IP_FIELDS,
+    OLD_VERSIONS,
+    RESULT_FIELDS,
+    RESULT_RESETTABLE,
+)
+from cni_reaper.gojson import pick
+from cni_reaper.state.record import MAX_EARLIER as MAX_EARLIER_INCARNATIONS
+from cni_reaper.state.record import SCHEMA as RECORD_SCHEMA
 
 # These models run on Python 3.9 too (the release is built on Debian 11): typing's Optional/List, not `X | None`.
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cni_reaper.record import problem as record_problem
+from cni_reaper.state.record import problem as record_problem
 from testkit.sandbox import ips_of, unique
 
 pytestmark = pytest.mark.netns

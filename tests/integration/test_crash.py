@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from cni_reaper.record import problem as record_problem
+from cni_reaper.state.record import problem as record_problem
 from testkit.artifacts import ip_of, leak, restore_text, write_records, write_reservations
 from testkit.sandbox import Sandbox
 

@@ -179,7 +179,7 @@ def test_conntrack_module_agrees_with_pyroute2(tmp_path, package_exe):
             if proto == "tcp":
                 argv += ["--state", "ESTABLISHED"]
             sb.run(argv, check=True)
-        probe = ("import json,socket,sys\nfrom cni_reaper import conntrack\nfrom pyroute2.netlink.nfnetlink.nfctsocket import NFCTSocket\n"
+        probe = ("import json,socket,sys\nfrom cni_reaper.reap import conntrack\nfrom pyroute2.netlink.nfnetlink.nfctsocket import NFCTSocket\n"
                  "ours=[]\nwith conntrack.Socket() as ct:\n for f in (socket.AF_INET, socket.AF_INET6):\n"
                  "  ours += [(e.orig_dst, e.reply_src) for e in ct.dump(f)]\n"
                  "theirs=[]\nfor f in (socket.AF_INET, socket.AF_INET6):\n s=NFCTSocket(nfgen_family=f)\n k='V4' if f==socket.AF_INET else 'V6'\n"

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from cni_reaper.netfilter.native import masq_hash
+from cni_reaper.reap.netfilter.nftables.rules import masq_hash
 from testkit.artifacts import (
     NATIVE_SETUP,
     chain,

@@ -57,8 +57,8 @@ def restore_text(nat: list[str], filt: list[str]) -> str:
 
 def write_records(state_dir: Path, network: str, items: list[tuple[str, str, int, str]]) -> None:
     """One record per (container ID, ip, host port, netns path) through the plugin's own store."""
-    from cni_reaper.record import incarnation, merge
-    from cni_reaper.store import Store
+    from cni_reaper.state.record import incarnation, merge
+    from cni_reaper.state.store import Store
 
     store = Store(str(state_dir)).open()
     try:
@@ -97,7 +97,7 @@ table ip cni_hostport {
 def native_leak(network: str, cid: str, ip: str, port: int, ifname: str = "eth0", subnet: str = "172.26.0.0/16") -> list[str]:
     """`nft -f` lines for what bridge (ipMasqBackend nftables) and portmap (backend nftables) make for one
     IPv4 attachment, with the comments they write."""
-    from cni_reaper.netfilter.native import masq_hash
+    from cni_reaper.reap.netfilter.nftables.rules import masq_hash
 
     comment = f"{masq_hash(network, ifname, cid)}, net: {network}, if: {ifname}, id: {cid}"
     return [f'add rule inet cni_plugins_masquerade masq_checks ip saddr {ip} ip daddr != {subnet} masquerade comment "{comment}"',

@@ -4,7 +4,8 @@ import io
 import json
 from pathlib import Path
 
-from cni_reaper import shell
+from cni_reaper.cni import shell
+from cni_reaper.verbs.dispatch import dispatch
 
 NETNS = "/proc/self/ns/net"  # a live network namespace anyone can stat
 
@@ -43,6 +44,6 @@ def invoke(command: str, config, cid: str = "alloc-1", netns: str = NETNS, ifnam
     e = {k: v for k, v in e.items() if v is not None}
     data = config if isinstance(config, bytes) else (config.encode() if isinstance(config, str) else json.dumps(config).encode())
     out = io.StringIO()
-    rc = shell.run(e, io.BytesIO(data), out)
+    rc = shell.run(e, io.BytesIO(data), out, dispatch)
     text = out.getvalue()
     return rc, (json.loads(text) if text else None)

@@ -5,8 +5,8 @@ nothing) a deletion of a rule or chain that is not there, as iptables-restore do
 
 from __future__ import annotations
 
-from cni_reaper.netfilter import BackendError, LockHeld
-from cni_reaper.netfilter.rules import Op, Table, by_table, parse_save
+from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
+from cni_reaper.reap.netfilter.iptables.rules import Op, Table, by_table, parse_save
 
 
 def apply_ops(text: str, ops: list[Op]) -> str:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from cni_reaper.cleanup import APPLY_ATTEMPTS, clean
-from cni_reaper.conf import parse
-from cni_reaper.netfilter import BackendError
-from cni_reaper.plan import Target
+from cni_reaper.cni.conf import parse
+from cni_reaper.reap.cleanup import APPLY_ATTEMPTS, clean
+from cni_reaper.reap.netfilter.interface import BackendError
+from cni_reaper.reap.targets import Target
 from testkit.artifacts import leak
 from testkit.fake_backend import FakeBackend
 

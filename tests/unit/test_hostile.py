@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cni_reaper import shell
+from cni_reaper.cni import shell
+from cni_reaper.verbs.dispatch import dispatch
 from testkit.cni import NETNS, prev_result
 from testkit.sandbox import binary_exe
 
@@ -103,9 +104,9 @@ def check_answer(rc: int, out: str, command: str) -> None:
 @given(data=st.data())
 @example(data=None)
 def test_hostile_env_and_stdin(sandbox_root, monkeypatch, data):
-    monkeypatch.setattr("cni_reaper.conf.DEFAULT_LOG_FILE", str(sandbox_root / "state" / "log"))
-    monkeypatch.setattr("cni_reaper.conf.DEFAULT_IPAM_DATA_DIR", str(sandbox_root / "state" / "ipam"))
-    monkeypatch.setattr("cni_reaper.conf.DEFAULT_CNI_CACHE_DIR", str(sandbox_root / "state" / "cache"))
+    monkeypatch.setattr("cni_reaper.cni.conf.DEFAULT_LOG_FILE", str(sandbox_root / "state" / "log"))
+    monkeypatch.setattr("cni_reaper.cni.conf.DEFAULT_IPAM_DATA_DIR", str(sandbox_root / "state" / "ipam"))
+    monkeypatch.setattr("cni_reaper.cni.conf.DEFAULT_CNI_CACHE_DIR", str(sandbox_root / "state" / "cache"))
     state = str(sandbox_root / "state" / "s")
     if data is None:  # an explicit 10 MB document
         command, env, stdin = "ADD", {"CNI_CONTAINERID": "x", "CNI_NETNS": NETNS, "CNI_IFNAME": "eth0"}, \
@@ -122,7 +123,7 @@ def test_hostile_env_and_stdin(sandbox_root, monkeypatch, data):
         stdin = data.draw(documents(state))
     before = tree(sandbox_root)
     out = io.StringIO()
-    rc = shell.run(dict(env, CNI_COMMAND=command), io.BytesIO(stdin), out)
+    rc = shell.run(dict(env, CNI_COMMAND=command), io.BytesIO(stdin), out, dispatch)
     check_answer(rc, out.getvalue(), command)
     after = tree(sandbox_root)
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}

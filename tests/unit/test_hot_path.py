@@ -13,16 +13,17 @@ import sys
 from testkit.cni import NETNS, conf, prev_result
 
 HEAVY = ("pydantic", "pydantic_core", "pyroute2", "iptc", "ipaddress", "subprocess", "datetime", "hashlib",
-         "cni_reaper.cleanup", "cni_reaper.netfilter", "cni_reaper.plan", "cni_reaper.models", "cni_reaper.conntrack",
+         "cni_reaper.reap.cleanup", "cni_reaper.reap.netfilter", "cni_reaper.models", "cni_reaper.reap.conntrack",
          "socket", "re", "json", "enum", "typing", "dataclasses", "contextlib", "argparse")
 
 PROBE = """
 import io, sys
 env, heavy_names = eval(sys.argv[1]), eval(sys.argv[3])  # literals: the probe imports nothing of its own
 before = set(sys.modules)
-from cni_reaper import shell
+from cni_reaper.cni import shell
+from cni_reaper.verbs.dispatch import dispatch
 out = io.StringIO()
-rc = shell.run(env, io.BytesIO(sys.argv[2].encode()), out)
+rc = shell.run(env, io.BytesIO(sys.argv[2].encode()), out, dispatch)
 heavy = sorted({m.split(".")[0] if not m.startswith("cni_reaper") else m for m in set(sys.modules) - before
                 if m.startswith(heavy_names)})
 print(repr({"rc": rc, "heavy": heavy}))
@@ -58,4 +59,4 @@ def test_a_del_that_must_clean_does_load_the_machinery(tmp_path):
     state = tmp_path / "s"
     assert run_verb("ADD", conf(state))["rc"] == 0
     dead = run_verb("DEL", conf(state), netns="/var/run/netns/gone-for-good")
-    assert dead["rc"] == 0 and "cni_reaper.cleanup" in dead["heavy"]
+    assert dead["rc"] == 0 and "cni_reaper.reap.cleanup" in dead["heavy"]

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from cni_reaper import metrics
-from cni_reaper.cleanup import Outcome
-from cni_reaper.store import Store
+from cni_reaper.reap.cleanup import Outcome
+from cni_reaper.state.store import Store
+from cni_reaper.tools import metrics
 
 
 def _outcome(network="n", kinds=(("masquerade", 2), ("reservation", 1)), failed=False) -> Outcome:

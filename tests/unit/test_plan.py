@@ -3,10 +3,11 @@ reference plugins write (README, "What a dead attachment leaves") plus look-alik
 
 from __future__ import annotations
 
-from cni_reaper.netfilter import chains
-from cni_reaper.netfilter.restore import restore_text
-from cni_reaper.netfilter.rules import parse_rule, parse_save
-from cni_reaper.plan import Target, plan, tagged_networks
+from cni_reaper.reap.netfilter import chains
+from cni_reaper.reap.netfilter.iptables.plan import plan, tagged_networks
+from cni_reaper.reap.netfilter.iptables.restore import restore_text
+from cni_reaper.reap.netfilter.iptables.rules import parse_rule, parse_save
+from cni_reaper.reap.targets import Target
 from testkit.fake_backend import apply_ops
 
 N, X, Y = "nomad", "3e803d29-4f9d-ad8b-adb6-31456a39db69", "9b1c5a77-0d2e-4c1f-8a3b-6f2e1d0c9a88"
@@ -188,7 +189,7 @@ def test_the_rule_tokenizer_agrees_with_shlex_on_saved_rules():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from cni_reaper.netfilter.rules import split
+    from cni_reaper.reap.netfilter.iptables.rules import split
 
     # outside quotes iptables-save writes no whitespace but single spaces and no single quotes (shlex reads those as quotes)
     words = st.text(st.characters(blacklist_characters='\' "\\\n\t\r\x0b\x0c', blacklist_categories=("Cs", "Zs", "Cc")),
@@ -211,8 +212,8 @@ def test_a_held_xtables_lock_is_reported_as_such_by_the_restore_backend():
     """iptables-legacy-restore -w exits 4 when the lock stays held: the sweep then stops retrying for now."""
     import pytest
 
-    from cni_reaper.netfilter import BackendError, LockHeld
-    from cni_reaper.netfilter.restore import SaveRestoreBackend
+    from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
+    from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
 
     backend = SaveRestoreBackend("legacy")
     held = ["/bin/sh", "-c", "echo 'Another app is currently holding the xtables lock.' >&2; exit 4"]

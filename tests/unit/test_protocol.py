@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from cni_reaper import versions
+from cni_reaper.cni import versions
 from testkit.cni import NETNS, conf, invoke, prev_result
 
 

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from cni_reaper import conf as fastconf
-from cni_reaper import models, result
+from cni_reaper import models
+from cni_reaper.cni import conf as fastconf
+from cni_reaper.cni import result
 from cni_reaper.errors import CniError
 from testkit.cni import conf as make_conf
 from testkit.cni import invoke, prev_result
@@ -248,7 +249,7 @@ def test_prev_result_mirror_agrees_on_the_boundaries():
 
 # -- records: record.problem() (what every read of the state directory applies) says what models.Record says
 def _valid_record() -> dict:
-    from cni_reaper import record
+    from cni_reaper.state import record
 
     inc = record.incarnation("/proc/self/ns/net", [{"address": "172.26.64.2", "prefix": 20, "family": 4}],
                              [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
@@ -302,7 +303,7 @@ def records(draw):
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(records())
 def test_the_record_check_agrees_with_the_schema(doc):
-    from cni_reaper import record
+    from cni_reaper.state import record
 
     fast = record.problem(doc) is None
     try:
@@ -314,7 +315,7 @@ def test_the_record_check_agrees_with_the_schema(doc):
 
 
 def test_the_record_check_agrees_on_every_time_form():
-    from cni_reaper import record
+    from cni_reaper.state import record
 
     for t in TIMES:
         for where in ("current", "deleted"):

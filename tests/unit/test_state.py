@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from cni_reaper.store import record_name
+from cni_reaper.state.store import record_name
 from testkit.cni import NETNS, conf, invoke, prev_result
 
 
@@ -54,14 +54,14 @@ def test_repeated_add_of_the_same_life_keeps_no_earlier_incarnation(tmp_path):
 
 
 def _life(address, netns=NETNS):
-    from cni_reaper.record import incarnation
-    from cni_reaper.result import recorded_ips
+    from cni_reaper.cni.result import recorded_ips
+    from cni_reaper.state.record import incarnation
 
     return incarnation(netns, recorded_ips(prev_result(address=address)), [])
 
 
 def test_re_add_with_new_ip_keeps_the_earlier_incarnation():
-    from cni_reaper.record import merge
+    from cni_reaper.state.record import merge
 
     first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
     second, kept = merge(first, "n", "x", "eth0", _life("172.26.64.9/20"), {})
@@ -72,7 +72,7 @@ def test_re_add_with_new_ip_keeps_the_earlier_incarnation():
 
 
 def test_re_add_after_del_keeps_the_torn_down_life_only_when_it_held_other_addresses():
-    from cni_reaper.record import merge, tombstone
+    from cni_reaper.state.record import merge, tombstone
 
     first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
     first["deleted"] = tombstone(True, True, True, verify=True)
@@ -83,7 +83,7 @@ def test_re_add_after_del_keeps_the_torn_down_life_only_when_it_held_other_addre
 
 
 def test_earlier_incarnations_are_bounded():
-    from cni_reaper.record import merge
+    from cni_reaper.state.record import merge
 
     rec = None
     for i in range(2, 30):
@@ -301,7 +301,8 @@ def test_a_state_dir_owned_by_another_user_is_refused_but_del_and_status_go_on(t
 
 FULL_DISK = r"""
 import io, json, sys
-from cni_reaper import shell
+from cni_reaper.cni import shell
+from cni_reaper.verbs.dispatch import dispatch
 state = sys.argv[1]
 results = {}
 for verb, version in (("ADD", "1.0.0"), ("DEL", "1.0.0"), ("STATUS", "1.1.0")):
@@ -310,7 +311,7 @@ for verb, version in (("ADD", "1.0.0"), ("DEL", "1.0.0"), ("STATUS", "1.1.0")):
     env = {"CNI_COMMAND": verb, "CNI_CONTAINERID": "big", "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "eth0",
            "CNI_PATH": "/x", "CNI_ARGS": "K=" + "v" * 4000}
     out = io.StringIO()
-    rc = shell.run(env, io.BytesIO(json.dumps(conf).encode()), out)
+    rc = shell.run(env, io.BytesIO(json.dumps(conf).encode()), out, dispatch)
     results[verb] = [rc, json.loads(out.getvalue()) if out.getvalue() else None]
 print(json.dumps(results))
 """
@@ -356,7 +357,7 @@ def _live_records(state, n):
 
 
 def test_with_nothing_stale_a_verb_reads_only_its_own_record(tmp_path, monkeypatch):
-    from cni_reaper.store import Store
+    from cni_reaper.state.store import Store
 
     state = tmp_path / "s"
     _live_records(state, 30)
@@ -371,7 +372,7 @@ def test_with_nothing_stale_a_verb_reads_only_its_own_record(tmp_path, monkeypat
     assert invoke("ADD", conf(state), cid="new")[0] == 0
     assert invoke("DEL", conf(state), cid="new")[0] == 0
     assert invoke("STATUS", conf(state, "1.1.0", prev=None), cid=None, netns=None, ifname=None) == (0, None)
-    from cni_reaper.store import record_name
+    from cni_reaper.state.store import record_name
 
     assert set(loaded) == {record_name("nomad-reaper", "new", "eth0")}, loaded  # none of the 30 others
 
@@ -418,7 +419,7 @@ def test_an_index_that_disagrees_with_the_directory_is_made_anew(tmp_path, damag
 def test_the_index_journal_stays_short_and_a_cut_line_is_found_out(tmp_path):
     """Each ADD appends one line to the journal instead of writing the whole index; past JOURNAL_MAX lines the
     index is written whole. A line cut by a writer that died makes the index be made anew."""
-    from cni_reaper.store import JOURNAL_MAX
+    from cni_reaper.state.store import JOURNAL_MAX
 
     state = tmp_path / "s"
     _live_records(state, JOURNAL_MAX + 10)

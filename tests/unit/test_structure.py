@@ -55,9 +55,9 @@ GRAPH = {name: imports_of(name) for name in MODULES}
 
 
 def test_the_graph_is_read():
-    assert "cni_reaper.sweep" in GRAPH["cni_reaper.commands.delete"]
-    assert "cni_reaper.netfilter.rules" in GRAPH["cni_reaper.plan"]
-    assert "cni_reaper.cleanup" in GRAPH["cni_reaper.sweep"]  # a lazy import counts
+    assert "cni_reaper.reap.sweep" in GRAPH["cni_reaper.verbs.delete"]
+    assert "cni_reaper.reap.netfilter.iptables.rules" in GRAPH["cni_reaper.reap.netfilter.iptables.plan"]
+    assert "cni_reaper.reap.cleanup" in GRAPH["cni_reaper.reap.sweep"]  # a lazy import counts
 
 
 def test_no_import_cycle():
@@ -88,13 +88,40 @@ def closure(name: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("module,forbidden", [
-    ("cni_reaper.plan", ("cni_reaper.netfilter.restore", "cni_reaper.netfilter.iptc_backend", "cni_reaper.store",
-                         "cni_reaper.cleanup", "cni_reaper.sweep")),
-    ("cni_reaper.states", ("cni_reaper.cleanup", "cni_reaper.sweep", "cni_reaper.plan", "cni_reaper.netfilter")),
-    ("cni_reaper.netfilter.rules", ("cni_reaper.plan", "cni_reaper.cleanup", "cni_reaper.sweep")),
-    ("cni_reaper.netfilter.interface", ("cni_reaper.plan", "cni_reaper.cleanup", "cni_reaper.sweep")),
-    ("cni_reaper.cleanup", ("cni_reaper.sweep", "cni_reaper.store", "cni_reaper.commands")),
-])
-def test_layers(module, forbidden):
-    assert not closure(module) & set(forbidden), closure(module) & set(forbidden)
+def in_package(prefix: str) -> list[str]:
+    return sorted(m for m in MODULES if m == prefix or m.startswith(prefix + "."))
+
+
+# (package, what none of its modules may depend on, directly or through others)
+LAYERS = [
+    ("cni_reaper.cni", ("cni_reaper.verbs", "cni_reaper.state", "cni_reaper.reap", "cni_reaper.tools")),
+    ("cni_reaper.state", ("cni_reaper.verbs", "cni_reaper.reap", "cni_reaper.tools", "cni_reaper.cni.shell")),
+    ("cni_reaper.reap", ("cni_reaper.verbs", "cni_reaper.tools", "cni_reaper.cni.shell")),
+    ("cni_reaper.reap.netfilter", ("cni_reaper.state", "cni_reaper.reap.sweep", "cni_reaper.reap.cleanup",
+                                   "cni_reaper.reap.evidence")),
+    ("cni_reaper.verbs", ("cni_reaper.tools",)),
+    ("cni_reaper.reap.netfilter.iptables.plan", ("cni_reaper.reap.netfilter.iptables.restore",
+                                                 "cni_reaper.reap.netfilter.iptables.iptc",
+                                                 "cni_reaper.reap.netfilter.nftables.backend")),
+    ("cni_reaper.reap.netfilter.nftables.plan", ("cni_reaper.reap.netfilter.nftables.backend",
+                                                 "cni_reaper.reap.netfilter.iptables")),
+]
+
+
+def _hits(deps: set[str], forbidden: tuple[str, ...]) -> set[str]:
+    return {d for d in deps if any(d == f or d.startswith(f + ".") for f in forbidden)}
+
+
+@pytest.mark.parametrize("package,forbidden", LAYERS, ids=[p for p, _ in LAYERS])
+def test_layers(package, forbidden):
+    modules = in_package(package)
+    assert modules, package
+    bad = {m: _hits(closure(m), forbidden) for m in modules}
+    assert not any(bad.values()), {m: sorted(v) for m, v in bad.items() if v}
+
+
+def test_every_package_init_is_empty():
+    """The hot path imports a sub-package's __init__ for every module in it: they hold nothing."""
+    inits = [p for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE]
+    assert inits
+    assert [str(p) for p in inits if p.read_text().strip()] == []

@@ -1,0 +1,123 @@
+"""prevResult (CNI results 0.1.0 to 1.1.0), read on the hot path without pydantic.
+
+`models.PrevResult` is the schema; this mirrors it (tests/unit/test_schema.py). The rules are those of the
+Go result types the reference plugins decode a prevResult into (libcni's types020/040/100, through gojson):
+what they refuse is refused here (an address that is not CIDR, a gateway that is not an IP, a field of the
+wrong JSON type); what they accept is accepted (any key case, nulls, unknown keys, interface indexes out of
+range, a `version` that does not match the address). Only the addresses are kept; the document itself is
+passed through untouched.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
+if TYPE_CHECKING:
+    from typing import Any
+
+from cni_reaper.cni.conf import Invalid, _is_int
+from cni_reaper.cni.ipaddr import parse_go_cidr, parse_ip
+from cni_reaper.errors import INVALID_CONFIG, CniError
+from cni_reaper.gojson import pick
+
+RESULT_FIELDS = ("cniVersion", "interfaces", "ips", "ip4", "ip6")
+RESULT_RESETTABLE = ("interfaces", "ips", "ip4", "ip6")
+IP_FIELDS = ("address", "gateway", "interface", "version")
+IP_RESETTABLE = ("gateway", "interface")
+OLD_IP_FIELDS = ("ip", "gateway")  # 0.1.0 / 0.2.0: "ip4": {"ip": ..., "gateway": ...}
+IFACE_FIELDS = ("name", "mac", "sandbox", "mtu", "socketPath", "pciID")
+OLD_VERSIONS = ("0.1.0", "0.2.0")
+
+
+def _string(v: dict[str, Any], key: str, where: str) -> None:
+    if key in v and not isinstance(v[key], str):
+        raise Invalid(f"{where}.{key}", "Input should be a valid string")
+
+
+def _check_interfaces(ifaces: Any) -> None:
+    if not isinstance(ifaces, list):
+        raise Invalid("interfaces", "Input should be a valid list")
+    for i, iface in enumerate(ifaces):
+        if iface is None:
+            continue  # a nil *Interface
+        if not isinstance(iface, dict):
+            raise Invalid(f"interfaces.{i}", "Input should be a valid dictionary")
+        v = pick(iface, IFACE_FIELDS)
+        for key in ("name", "mac", "sandbox", "socketPath", "pciID"):
+            _string(v, key, f"interfaces.{i}")
+        if "mtu" in v and not _is_int(v["mtu"]):
+            raise Invalid(f"interfaces.{i}.mtu", "Input should be a valid integer")
+
+
+def _address(v: dict[str, Any], key: str, where: str) -> dict[str, Any] | None:
+    """The recorded form of one IP config's address, None when it has none (Go leaves it empty)."""
+    _gateway(v, where)
+    if key not in v:
+        return None
+    text = v[key]
+    if not isinstance(text, str):
+        raise Invalid(f"{where}.{key}", "Input should be a valid string")
+    try:
+        family, address, prefix = parse_go_cidr(text)
+    except ValueError as exc:
+        raise Invalid(f"{where}.{key}", f"Value error, {exc}") from None
+    return {"address": address, "prefix": prefix, "family": family}
+
+
+def _gateway(v: dict[str, Any], where: str) -> None:
+    gateway = v.get("gateway")
+    if gateway is None:
+        return
+    if not isinstance(gateway, str):
+        raise Invalid(f"{where}.gateway", "Input should be a valid string")
+    if gateway:
+        try:
+            parse_ip(gateway)
+        except ValueError as exc:
+            raise Invalid(f"{where}.gateway", f"Value error, {exc}") from None
+
+
+def _ips(prev: dict[str, Any], version: str) -> list[dict[str, Any]]:
+    top = pick(prev, RESULT_FIELDS, RESULT_RESETTABLE)
+    if "cniVersion" in top and not isinstance(top["cniVersion"], str):
+        raise Invalid("cniVersion", "Input should be a valid string")
+    version = top.get("cniVersion") or version
+    found: list[dict[str, Any] | None] = []
+    if version in OLD_VERSIONS:
+        for key in ("ip4", "ip6"):
+            if key in top:
+                if not isinstance(top[key], dict):
+                    raise Invalid(key, "Input should be a valid dictionary")
+                found.append(_address(pick(top[key], OLD_IP_FIELDS), "ip", key))
+    else:
+        if "interfaces" in top:
+            _check_interfaces(top["interfaces"])
+        entries = top.get("ips", [])
+        if not isinstance(entries, list):
+            raise Invalid("ips", "Input should be a valid list")
+        for i, entry in enumerate(entries):
+            if entry is None:
+                continue  # a nil *IPConfig
+            where = f"ips.{i}"
+            if not isinstance(entry, dict):
+                raise Invalid(where, "Input should be a valid dictionary")
+            v = pick(entry, IP_FIELDS, IP_RESETTABLE)
+            _string(v, "version", where)
+            if "interface" in v and not _is_int(v["interface"]):
+                raise Invalid(f"{where}.interface", "Input should be a valid integer")
+            found.append(_address(v, "address", where))
+    out: list[dict[str, Any]] = []
+    for ip in found:
+        if ip is not None and ip not in out:
+            out.append(ip)
+    return out
+
+
+def recorded_ips(prev: dict[str, Any] | None, version: str = "1.0.0") -> list[dict[str, Any]]:
+    """The IPs of a prevResult as the record keeps them: [{"address", "prefix", "family"}]. `version` is the
+    config's, used when the result names none (as libcni's ParsePrevResult does)."""
+    if prev is None:
+        return []
+    try:
+        return _ips(prev, version)
+    except Invalid as exc:
+        raise CniError(INVALID_CONFIG, "prevResult is not a valid CNI result", f"prevResult.{exc}") from None

@@ -1,0 +1,27 @@
+"""The one small interface every netfilter backend offers, and its errors."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from cni_reaper.reap.netfilter.iptables.rules import Op, Table
+
+
+class BackendError(Exception):
+    """A read or a transaction failed; nothing of a failed transaction was applied."""
+
+
+class LockHeld(BackendError):
+    """Another process holds the xtables lock longer than we wait: give up for now, retry on a later call."""
+
+
+class Backend(Protocol):
+    flavour: str
+    name: str
+
+    def read(self, family: int) -> dict[str, Table]:
+        """The nat and filter tables of one family (4 or 6)."""
+
+    def apply(self, family: int, ops: list[Op]) -> None:
+        """Apply the operations, one transaction per table; raise BackendError if a transaction failed
+        (then nothing of that table's transaction was applied)."""

@@ -1,0 +1,176 @@
+"""What to delete: pure planning over parsed tables. Nothing here touches the kernel or the disk.
+
+Given the saved nat and filter tables of one family and the dead lives to clean (Targets), produce the
+operations that remove exactly what those lives left behind:
+
+- masquerade (bridge ipMasq): jumps tagged `name: "N" id: "X"` into CNI-<hash>, for the dead IPs only; the
+  chain itself when the attachment is wholly dead, every rule in it carries that tag, and nothing else
+  jumps to it after the deletions;
+- DNAT (portmap): the jumps tagged `dnat name: "N" id: "X"` into CNI-DN-<hash> and the chain, when the chain
+  only forwards to dead IPs; otherwise (a newer life of X uses the chain) only its DNAT rules to dead IPs;
+  the old CNI-SN-<hash> chain and its tagged jumps likewise;
+- firewall: the two untagged CNI-FORWARD rules of a dead IP, in exactly the firewall plugin's shape, unless
+  the IP is protected (held by a live attachment or reserved by someone else).
+Shared chains and anything not matching these shapes are never touched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from cni_reaper.reap.netfilter import chains
+from cni_reaper.reap.netfilter.iptables.rules import Op, Rule, Table, chain_op, rule_op
+from cni_reaper.reap.targets import Target
+
+_TAG = re.compile(r'^(?:(dnat|snat) )?name: "([^"]*)" id: "([^"]*)"$')
+
+
+
+
+@dataclass
+class Plan:
+    ops: list[Op] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # what was left on purpose, and why
+
+
+def _family_ips(ips: frozenset[str], family: int) -> set[str]:
+    return {ip for ip in ips if (":" in ip) == (family == 6)}
+
+
+def _host_prefix(family: int) -> int:
+    return 32 if family == 4 else 128
+
+
+class _Builder:
+    def __init__(self, tables: dict[str, Table], family: int) -> None:
+        self.tables = tables
+        self.family = family
+        self.plan = Plan()
+        self._rule_ops: set[int] = set()  # id() of rules already planned
+        self._chains: set[tuple[str, str]] = set()
+        self._forward_shapes: dict[tuple[str, ...], tuple[str, tuple[str, str]]] = {}
+
+    def delete_rule(self, table: str, rule: Rule, owner: tuple[str, str], what: str, part: str) -> None:
+        if id(rule) in self._rule_ops:
+            return
+        self._rule_ops.add(id(rule))
+        self.plan.ops.append(rule_op(table, rule, owner, what, part))
+
+    def remaining_refs(self, table: Table, chain: str) -> list[Rule]:
+        return [r for r in table.references(chain) if id(r) not in self._rule_ops and r.chain != chain]
+
+    def delete_chain(self, table_name: str, chain: str, owner: tuple[str, str], tag: str | None, what: str,
+                     part: str) -> None:
+        table = self.tables.get(table_name)
+        if table is None or chain not in table.chains or (table_name, chain) in self._chains:
+            return
+        if chain in chains.SHARED or chain in table.builtin:
+            return
+        refs = self.remaining_refs(table, chain)
+        if refs:
+            self.plan.skipped.append(f"{table_name} {chain}: still referenced by {len(refs)} rule(s) we do not own")
+            return
+        if tag is not None:
+            foreign = [r for r in table.chains[chain] if r.comment != tag]
+            if foreign:
+                self.plan.skipped.append(f"{table_name} {chain}: holds {len(foreign)} rule(s) without its owner tag")
+                return
+        self._chains.add((table_name, chain))
+        self.plan.ops.append(chain_op(table_name, chain, owner, what, part))
+
+    # -- per artifact -----------------------------------------------------------------------------
+    def masq(self, t: Target, ips: set[str]) -> None:
+        nat = self.tables.get("nat")
+        if nat is None:
+            return
+        chain = chains.masq_chain(t.network, t.container_id)
+        tag = chains.masq_comment(t.network, t.container_id)
+        owner = (t.network, t.container_id)
+        for rule in nat.references(chain):
+            if rule.chain != chain and rule.comment == tag and (t.any_source or rule.source_ip in ips):
+                self.delete_rule("nat", rule, owner, f"masquerade jump for {rule.source}", "masq")
+        if t.whole and not t.keep_masq_chain:
+            self.delete_chain("nat", chain, owner, tag, "masquerade chain", "masq")
+
+    def dnat(self, t: Target, ips: set[str]) -> None:
+        nat = self.tables.get("nat")
+        if nat is None:
+            return
+        owner = (t.network, t.container_id)
+        chain = chains.dnat_chain(t.network, t.container_id)
+        tag = chains.dnat_comment(t.network, t.container_id)
+        inside = nat.chains.get(chain, [])
+        dests = {r.dnat_ip for r in inside if r.target == "DNAT"}
+        if t.whole and (t.any_source or dests <= _family_ips(t.dead_ips, self.family)):
+            for rule in nat.references(chain):
+                if rule.chain != chain and rule.comment == tag:
+                    self.delete_rule("nat", rule, owner, "hostport DNAT jump", "dnat")
+            self.delete_chain("nat", chain, owner, None, "hostport DNAT chain", "dnat")
+        else:
+            for rule in inside:
+                if rule.target == "DNAT" and rule.dnat_ip in ips:
+                    self.delete_rule("nat", rule, owner, f"DNAT to dead {rule.to_destination}", "dnat")
+        if t.whole:
+            schain = chains.snat_chain(t.network, t.container_id)
+            stag = chains.snat_comment(t.network, t.container_id)
+            for rule in nat.references(schain):
+                if rule.chain != schain and rule.comment == stag:
+                    self.delete_rule("nat", rule, owner, "old hostport SNAT jump", "dnat")
+            self.delete_chain("nat", schain, owner, None, "old hostport SNAT chain", "dnat")
+
+    def forward(self, t: Target, ips: set[str], protected: set[str]) -> None:
+        """Collect the firewall plugin's rule shapes for this target's dead IPs; matched in one pass later."""
+        bits = _host_prefix(self.family)
+        for ip in ips - protected:
+            owner = (t.network, t.container_id)
+            self._forward_shapes[("-s", f"{ip}/{bits}", "-j", "ACCEPT")] = (ip, owner)
+            self._forward_shapes[("-d", f"{ip}/{bits}", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
+                                  "-j", "ACCEPT")] = (ip, owner)
+        for ip in sorted(ips & protected):
+            self.plan.skipped.append(f"filter CNI-FORWARD rules of {ip}: the address is in use by another attachment")
+
+    def finish(self) -> Plan:
+        filt = self.tables.get("filter")
+        if filt is not None and self._forward_shapes:
+            for rule in filt.chains.get("CNI-FORWARD", []):
+                hit = self._forward_shapes.get(rule.tokens)
+                if hit is not None:
+                    self.delete_rule("filter", rule, hit[1], f"firewall rule for {hit[0]}", "forward")
+        return self.plan
+
+
+def plan(tables: dict[str, Table], targets: list[Target], family: int,
+         protected: dict[tuple[str, str, str], set[str]] | None = None) -> Plan:
+    """Operations for one family. `protected[target.key]` are IPs whose untagged rules must stay."""
+    b = _Builder(tables, family)
+    for t in targets:
+        ips = _family_ips(t.dead_ips, family)
+        if "masq" in t.parts:
+            b.masq(t, ips)
+        if "dnat" in t.parts:
+            b.dnat(t, ips)
+        if "forward" in t.parts:
+            b.forward(t, ips, (protected or {}).get(t.key, set()))
+    return b.finish()
+
+
+def tagged_networks(tables: dict[str, Table]) -> dict[tuple[str, str], set[str]]:
+    """(network, container ID) of every rule tagged the way bridge and portmap tag theirs and jumping to the
+    chain they would make for that pair, with the source IPs of the masquerade jumps."""
+    out: dict[tuple[str, str], set[str]] = {}
+    nat = tables.get("nat")
+    if nat is None:
+        return out
+    for rule in nat.rules():
+        m = _TAG.match(rule.comment or "")
+        if not m:
+            continue
+        network, cid = m.group(2), m.group(3)
+        expected = {None: chains.masq_chain, "dnat": chains.dnat_chain, "snat": chains.snat_chain}[m.group(1)](network, cid)
+        if rule.target != expected:
+            continue  # a look-alike: tagged, but not jumping to the chain the plugins would make for it
+        ips = out.setdefault((network, cid), set())
+        if m.group(1) is None and rule.source_ip:
+            ips.add(rule.source_ip)
+    return out

@@ -1,0 +1,61 @@
+"""The native nftables backend: reads the reference plugins' own tables with `nft -j` and deletes rules by
+handle in one `nft -f -` transaction. A host without an `nft` binary, or without these tables, has no native
+rules: nothing is read there (no `nft` run at all without the binary; one `nft list tables` otherwise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from cni_reaper.reap.netfilter import flavour
+from cni_reaper.reap.netfilter.interface import BackendError
+from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRule, parse_json, script
+
+TIMEOUT_SECONDS = 30
+
+
+class NftBackend:
+    name = "nft (native tables)"
+
+    def __init__(self, binary: str | None = None) -> None:
+        self.binary = binary if binary is not None else flavour.which("nft")
+
+    def _run(self, argv: list[str], stdin: str | None = None) -> str:
+        assert self.binary
+        try:
+            proc = subprocess.run([self.binary, *argv], input=stdin, capture_output=True, text=True, check=False,
+                                  env=dict(os.environ, LC_ALL="C"), timeout=TIMEOUT_SECONDS)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BackendError(f"nft: {exc}") from None
+        if proc.returncode != 0:
+            raise BackendError(f"nft {' '.join(argv[:3])} exited {proc.returncode}: {proc.stderr.strip()[:500]}")
+        return proc.stdout
+
+    def tables(self) -> set[tuple[str, str]]:
+        """(family, name) of every nftables table (none without an nft binary)."""
+        if not self.binary:
+            return set()
+        try:
+            listed = json.loads(self._run(["-j", "list", "tables"]) or "{}")
+            return {(t["table"]["family"], t["table"]["name"]) for t in listed.get("nftables", [])
+                    if isinstance(t, dict) and isinstance(t.get("table"), dict)}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BackendError(f"nft -j list tables: unreadable output ({exc})") from None
+
+    def read(self) -> list[NativeRule]:
+        if not self.binary:
+            return []
+        present = self.tables()
+        rules: list[NativeRule] = []
+        for family, name in TABLES:
+            if (family, name) in present:
+                try:
+                    rules += parse_json(json.loads(self._run(["-j", "list", "table", family, name])))
+                except ValueError as exc:
+                    raise BackendError(f"nft -j list table {family} {name}: unreadable output ({exc})") from None
+        return rules
+
+    def apply(self, ops: list[NativeOp]) -> None:
+        if ops:
+            self._run(["-f", "-"], script(ops))

@@ -1,0 +1,390 @@
+"""The operator's command line, in the same binary: used when a person runs it with arguments
+(CNI mode, chosen by CNI_COMMAND, stays as it is).
+
+    cni-reaper list [--json]
+    cni-reaper sweep [--apply] [--orphans] [--json]
+    cni-reaper doctor [--cni-path P] [--json]
+    cni-reaper metrics [--textfile DIR]
+    cni-reaper version
+
+Every command but version reads the conflists (--cni-conf-dir, default Nomad's /opt/cni/config then
+/etc/cni/net.d) and works on each network that chains cni-reaper, with that entry's keys; flags override
+them, --network picks one. With no such conflist, the defaults (and flags) are used.
+
+Exit codes: 0 clean (nothing to remove, or everything removed), 1 error, 2 usage,
+3 a dry run found something to remove (run again with --apply), 4 --apply left something it could not remove,
+5 doctor found a FAIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+from cni_reaper import PLUGIN_NAME, __version__, log
+from cni_reaper.errors import CniError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_LEFT, EXIT_DOCTOR = 0, 1, 2, 3, 4, 5
+DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"  # Nomad's client cni_path default, then Debian's plugins
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors exit 2, as documented
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cni-conf-dir", action="append", metavar="DIR",
+                   help="where the conflists are (repeatable; default: /opt/cni/config, then /etc/cni/net.d); "
+                        "every network whose conflist chains cni-reaper is used with its keys")
+    p.add_argument("--network", help="only this network")
+    p.add_argument("--state-dir", help="records (overrides the conflists' stateDir; default /var/lib/cni/reaper)")
+    p.add_argument("--cni-cache-dir", help="libcni's cache (overrides cniCacheDir; default /var/lib/cni)")
+    p.add_argument("--ipam-data-dir", help="host-local's dataDir (overrides ipamDataDir; default /var/lib/cni/networks)")
+    p.add_argument("--backend", choices=("auto", "nft", "legacy"), help="overrides backend (default auto)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(prog=PLUGIN_NAME, description="Reap the netfilter rules and IP reservations of dead CNI attachments.",
+                  epilog="Exit codes: 0 clean, 1 error, 2 usage, 3 dry run found something, 4 --apply left something, "
+                         "5 doctor found a FAIL. As a CNI plugin it is run by the runtime with CNI_COMMAND set.")
+    sub = top.add_subparsers(dest="command", metavar="{list,sweep,doctor,metrics,version}", parser_class=_Parser)
+    p = sub.add_parser("list", help="every record, and whether it is live, dead or torn down")
+    _common(p)
+    p = sub.add_parser("sweep", help="show (default) or remove (--apply) what dead attachments left behind")
+    _common(p)
+    p.add_argument("--apply", action="store_true", help="remove; without it nothing is changed")
+    p.add_argument("--orphans", action="store_true",
+                   help="also rules tagged for containers with no record and no live netns (in libcni's cache)")
+    p.add_argument("--log-file", help="where --apply logs what it removed (overrides logFile; \"\" for none)")
+    p.add_argument("--lock-timeout", type=float, help="seconds to wait for the state lock")
+    p = sub.add_parser("doctor", help="check the conflists and the host; changes nothing")
+    _common(p)
+    p.add_argument("--cni-path", default=DEFAULT_CNI_PATH,
+                   help=f"where the plugins are, as Nomad's client cni_path (default {DEFAULT_CNI_PATH})")
+    p.add_argument("--log-file", help="overrides logFile")
+    p = sub.add_parser("metrics", help="counters of the clean-ups and records by state, in the Prometheus text format")
+    _common(p)
+    p.add_argument("--textfile", metavar="DIR",
+                   help="write DIR/cni_reaper.prom atomically (node_exporter's textfile collector) instead of stdout")
+    sub.add_parser("version", help="print the version")
+    return top
+
+
+class Context:
+    """One network as the CLI works on it: its configuration (conflist keys, then flags) and where it came
+    from. `network` None: no conflist was found, so every network of the state directory, with the defaults."""
+
+    def __init__(self, conf, network: str | None, source: str | None) -> None:
+        self.conf, self.network, self.source = conf, network, source
+
+
+def _overrides(args) -> dict:
+    out = {}
+    for flag, key in (("state_dir", "stateDir"), ("cni_cache_dir", "cniCacheDir"), ("ipam_data_dir", "ipamDataDir"),
+                      ("log_file", "logFile")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out[key] = os.path.abspath(value) if value else value
+    if getattr(args, "backend", None):
+        out["backend"] = args.backend
+    if getattr(args, "lock_timeout", None) is not None:
+        out["lockTimeout"] = args.lock_timeout
+    return out
+
+
+def _scan(args):
+    from cni_reaper.tools.conflists import DEFAULT_DIRS, scan
+
+    dirs = [os.path.abspath(d) for d in (args.cni_conf_dir or DEFAULT_DIRS)]
+    return dirs, scan(dirs)
+
+
+def _contexts(args, found=None) -> tuple[list[Context], bool]:
+    """The networks to work on: every network whose conflist (in --cni-conf-dir) chains cni-reaper, the
+    first file of each name, or only --network; with none, the flags and defaults. Returns (contexts, whether
+    a conflist that could not be used was left out)."""
+    from cni_reaper.cni.conf import parse
+
+    dirs, found = found if found is not None else _scan(args)
+    overrides = _overrides(args)
+    contexts, skipped = [], False
+    networks = [n for n in found.networks if n.shadowed_by is None and (not args.network or n.name == args.network)]
+    for n in networks:
+        try:
+            conf = parse({**n.raw_conf(), **overrides})
+        except CniError as err:
+            print(f"{PLUGIN_NAME}: {n.path}: {err.msg} ({err.details}); network {n.name} skipped", file=sys.stderr)
+            skipped = True
+            continue
+        for warning in conf.warnings:
+            print(f"{PLUGIN_NAME}: {n.path}: {warning}", file=sys.stderr)
+        contexts.append(Context(conf, n.name, n.path))
+    if not networks:
+        if not found.networks and not args.json:
+            print(f"{PLUGIN_NAME}: no conflist in {', '.join(dirs)} chains cni-reaper; using the defaults and flags",
+                  file=sys.stderr)
+        conf = parse({"name": args.network or "cli", **overrides})
+        for warning in conf.warnings:
+            print(f"{PLUGIN_NAME}: {warning}", file=sys.stderr)
+        contexts.append(Context(conf, args.network, None))
+    return contexts, skipped
+
+
+def _by_state_dir(contexts: list[Context]) -> dict[str, list[Context]]:
+    """Networks that share a state directory are read (and locked) together: each attachment once."""
+    groups: dict[str, list[Context]] = {}
+    for c in contexts:
+        groups.setdefault(c.conf.stateDir, []).append(c)
+    return groups
+
+
+def _records(state_dir: str) -> list[dict]:
+    from cni_reaper.state.store import Store
+
+    if not os.path.isdir(state_dir):
+        return []
+    store = Store(state_dir).open(create=False, read_only=True)
+    try:
+        return list(store.records())
+    finally:
+        store.close()
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+STATE_WORDS = {"live": "live", "dead": "dead", "tombstone-done": "torn down", "tombstone-expired": "torn down (DEL failed)",
+               "tombstone-wait": "torn down (DEL running)"}
+
+
+def cmd_list(args) -> int:
+    from cni_reaper.reap.states import classify
+
+    contexts, skipped = _contexts(args)
+    items = []
+    for state_dir, group in _by_state_dir(contexts).items():
+        by_network = {c.network: c for c in group}
+        for r in _records(state_dir):
+            if args.network and r["network"] != args.network:
+                continue
+            conf = by_network.get(r["network"], group[0]).conf
+            cur = r["current"]
+            items.append({
+                "network": r["network"], "containerID": r["containerID"], "ifname": r["ifname"],
+                "ips": [f"{ip['address']}/{ip['prefix']}" for ip in cur["ips"]],
+                "ports": [f"{p['hostPort']}->{p['containerPort']}/{p['protocol']}" for p in cur["portMappings"]],
+                "netns": cur["netns"], "state": STATE_WORDS[classify(r, conf.cniCacheDir)],
+                "earlierIPs": sorted({f"{ip['address']}/{ip['prefix']}" for inc in r["earlier"] for ip in inc["ips"]}),
+                "createdAt": cur["createdAt"], "stateDir": state_dir,
+            })
+    if args.json:
+        print(json.dumps(items, indent=1))
+        return EXIT_ERROR if skipped else EXIT_OK
+    if not items:
+        print(f"no records in {', '.join(_by_state_dir(contexts))}")
+    else:
+        rows = [("NETWORK", "CONTAINER ID", "IFNAME", "IPS", "PORTS", "NETNS", "STATE")]
+        rows += [(i["network"], i["containerID"], i["ifname"], ",".join(i["ips"]) or "-",
+                  ",".join(i["ports"]) or "-", i["netns"] or "-", i["state"]) for i in items]
+        print(_table(rows))
+    print(backends_line(contexts[0].conf.backend))
+    return EXIT_ERROR if skipped else EXIT_OK
+
+
+def backends_line(backend: str) -> str:
+    """Which iptables each family's clean-up uses (each follows its own tool, as the plugins do)."""
+    from cni_reaper.reap.netfilter import flavour
+
+    parts = []
+    for family in (4, 6):
+        found, why = flavour.detect(backend, family=family)
+        parts.append(f"ipv{family} {found or 'none'} ({why})")
+    return "iptables: " + "; ".join(parts)
+
+
+def _orphans(conf, records, only_network):
+    """Tagged attachments with no record whose libcni cache entry names no live netns."""
+    from cni_reaper.reap.sweep import cache_entry_alive, orphan_targets
+
+    return orphan_targets(conf, {(r["network"], r["containerID"]) for r in records},
+                          lambda network, cid: cache_entry_alive(conf.cniCacheDir, network, cid), only_network)
+
+
+def _merge(total, outcome) -> None:
+    for key, items in outcome.removed.items():
+        total.removed.setdefault(key, []).extend(items)
+    total.failed |= outcome.failed
+    total.skipped += outcome.skipped
+    total.errors += outcome.errors
+    total.backends.update(outcome.backends)
+
+
+def _sweep_group(args, group: list[Context], total) -> None:
+    """Sweep the networks of one state directory under its lock: each network with its own configuration;
+    records of networks no conflist names any more with the first one's."""
+    from cni_reaper.reap.sweep import sweep
+    from cni_reaper.state.store import Store
+
+    first = group[0]
+    if not os.path.isdir(first.conf.stateDir):  # no records at all: only orphans can be found
+        for c in group:
+            extra = _orphans(c.conf, [], c.network) if args.orphans else []
+            _merge(total, sweep(None, c.conf, extra=extra, dry_run=not args.apply))
+        return
+    store = Store(first.conf.stateDir, first.conf.lockTimeout).open(create=False)
+    try:
+        with store.locked():
+            records = list(store.records())
+            runs = [(c.conf, c.network) for c in group]
+            if first.network is not None and not args.network:
+                named = {c.network for c in group}
+                runs += [(first.conf, n) for n in sorted({r["network"] for r in records} - named)]
+            for conf, network in runs:
+                extra = _orphans(conf, records, network) if args.orphans else []
+                _merge(total, sweep(store, conf, records=records, extra=extra, dry_run=not args.apply,
+                                    only_network=network))
+    finally:
+        store.close()
+
+
+def cmd_sweep(args) -> int:
+    from cni_reaper.reap.cleanup import Outcome
+
+    contexts, skipped = _contexts(args)
+    log.begin(contexts[0].conf.logFile if args.apply else None, stderr=False, verb="sweep")
+    total = Outcome()
+    for group in _by_state_dir(contexts).values():
+        if args.apply:
+            log.begin(group[0].conf.logFile, stderr=False, verb="sweep")
+        _sweep_group(args, group, total)
+    groups = {}
+    for key, items in total.removed.items():
+        groups[f"{key[0]} {key[1]}" + (f" {key[2]}" if key[2] else "")] = items
+    count = sum(len(v) for v in groups.values())
+    errors = total.errors
+    backends = {f"ipv{f}": name for f, name in sorted(total.backends.items())}
+    if args.json:
+        print(json.dumps({"applied": args.apply, "attachments": groups, "count": count, "errors": errors,
+                          "skipped": total.skipped, "backends": backends,
+                          "networks": [c.network for c in contexts if c.network]}, indent=1))
+    else:
+        verb = "removed" if args.apply else "would remove"
+        for owner, items in groups.items():
+            print(f"{owner}: {verb} {len(items)}")
+            for item in items:
+                print(f"  - {item}")
+        for err in errors:
+            print(f"error: {err}", file=sys.stderr)
+        print(f"{count} item(s) of {len(groups)} attachment(s) {verb}" +
+              ("" if args.apply or not count else "; run again with --apply to remove them"))
+        if backends:
+            print("backends: " + ", ".join(f"{f} {n}" for f, n in backends.items()))
+    if errors:
+        return EXIT_LEFT if args.apply else EXIT_ERROR
+    if skipped:
+        return EXIT_ERROR
+    if not args.apply and count:
+        return EXIT_FOUND
+    return EXIT_OK
+
+
+def cmd_metrics(args) -> int:
+    from cni_reaper.reap.states import DEAD, EXPIRED, LIVE, classify
+    from cni_reaper.state.store import Store
+    from cni_reaper.tools import metrics
+
+    contexts, skipped = _contexts(args)
+    counters: list[dict] = []
+    records: dict[tuple[str, str], int] = {}
+    word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead"}
+    for state_dir, group in _by_state_dir(contexts).items():
+        if not os.path.isdir(state_dir):
+            continue
+        store = Store(state_dir).open(create=False, read_only=True)
+        try:
+            counters.append(metrics.load(store))
+            by_network = {c.network: c for c in group}
+            for r in store.records():
+                state = classify(r, by_network.get(r["network"], group[0]).conf.cniCacheDir)
+                which = (r["network"], word.get(state, "torn_down"))
+                records[which] = records.get(which, 0) + 1
+        finally:
+            store.close()
+    merged = metrics.merge(counters)
+    if args.network:
+        for part in ("attachments", "removed", "failures"):
+            merged[part] = {n: v for n, v in merged[part].items() if n == args.network}
+        records = {k: v for k, v in records.items() if k[0] == args.network}
+    text = metrics.exposition(merged, records, [c.network for c in contexts if c.network])
+    if args.textfile:
+        try:
+            written = metrics.write_textfile(args.textfile, text)
+        except OSError as exc:
+            print(f"{PLUGIN_NAME}: cannot write {args.textfile}/cni_reaper.prom: {exc.strerror}", file=sys.stderr)
+            return EXIT_ERROR
+        print(f"{PLUGIN_NAME}: wrote {written}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_ERROR if skipped else EXIT_OK
+
+
+def cmd_doctor(args) -> int:
+    from cni_reaper.tools import doctor
+
+    dirs, found = _scan(args)
+    contexts, skipped = _contexts(args, (dirs, found))
+    cni_path = [d for d in args.cni_path.split(":") if d]
+    findings = doctor.check_scan(found, dirs)
+    by_name = {n.name: n for n in found.networks if n.shadowed_by is None}
+    for n in found.networks:
+        if n.shadowed_by is not None and (not args.network or n.name == args.network):
+            findings.append(doctor.check_shadowed(n))
+    for c in contexts:
+        n = by_name.get(c.network or "")
+        if n is None:
+            continue
+        findings += [doctor.check_order(n), doctor.check_capability(n), doctor.check_ipam_dir(n, c.conf)]
+        findings += doctor.check_plugins(n, cni_path)
+        findings += [doctor.check_state_dir(n.name, c.conf.stateDir), doctor.check_log_file(n.name, c.conf.logFile)]
+    for state_dir, group in _by_state_dir(contexts).items():
+        findings.append(doctor.check_records(state_dir, [c.network or "(defaults)" for c in group],
+                                             group[0].conf.cniCacheDir))
+    findings += doctor.check_iptables(contexts[0].conf.backend)
+    findings.append(doctor.check_nftables())
+    failed = any(f.status == doctor.FAIL for f in findings) or skipped
+    if args.json:
+        print(json.dumps({"ok": not failed, "findings": [f.as_dict() for f in findings]}, indent=1))
+    else:
+        for f in findings:
+            print(f.line())
+        print(doctor.summary(findings))
+    return EXIT_DOCTOR if failed else EXIT_OK
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.command is None:
+        parser().print_help()
+        return EXIT_USAGE
+    if args.command == "version":
+        print(f"{PLUGIN_NAME} {__version__}")
+        return EXIT_OK
+    try:
+        return {"list": cmd_list, "sweep": cmd_sweep, "doctor": cmd_doctor, "metrics": cmd_metrics}[args.command](args)
+    except CniError as err:
+        print(f"{PLUGIN_NAME}: {err.msg}" + (f" ({err.details})" if err.details else ""), file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - an operator gets one line, never a traceback
+        print(f"{PLUGIN_NAME}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR

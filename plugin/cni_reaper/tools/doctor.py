@@ -1,0 +1,340 @@
+"""`cni-reaper doctor`: the mistakes that stay silent until something leaks, found before they do.
+
+Each check gives findings (OK / WARN / FAIL, what is wrong, the fix). Nothing here changes anything: files
+are read, `stat`ed and listed, tables are listed, and each chained plugin is asked its CNI `VERSION` (what
+libcni itself does); the state directory is opened read-only, without its lock.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from dataclasses import asdict, dataclass
+
+from cni_reaper import PLUGIN_NAME
+from cni_reaper.cni import versions
+from cni_reaper.gojson import pick
+from cni_reaper.reap.netfilter import flavour
+from cni_reaper.tools.conflists import Network, Scan
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
+DEFAULT_HOST_LOCAL_DIR = "/var/lib/cni/networks"
+VERSION_TIMEOUT = 5.0
+
+
+@dataclass
+class Finding:
+    status: str  # OK, WARN or FAIL
+    check: str  # which check: a short, stable name
+    network: str  # "" for the host
+    message: str
+    fix: str = ""
+    source: str = ""  # the conflist it is about
+
+    def line(self) -> str:
+        where = f"{self.network}: " if self.network else ""
+        return f"{self.status:<4}  {self.check:<13} {where}{self.message}" + (f" -> fix: {self.fix}" if self.fix else "")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- one conflist ------------------------------------------------------------------------------------
+def check_order(n: Network) -> Finding:
+    types = n.types()
+    if n.position == len(types) - 1:
+        return Finding(OK, "last-plugin", n.name, f"cni-reaper is the last of {len(types)} plugins", source=n.path)
+    after = ", ".join(t or "?" for t in types[n.position + 1:])
+    return Finding(FAIL, "last-plugin", n.name,
+                   f"cni-reaper is plugin {n.position + 1} of {len(types)}; {after} come after it, so their results "
+                   "are not in what it records and it sweeps before they have run",
+                   f"move the cni-reaper entry to the end of \"plugins\" in {n.path}", n.path)
+
+
+def _declares_ports(entry: object) -> bool:
+    caps = pick(entry, ("capabilities",)).get("capabilities") if isinstance(entry, dict) else None
+    return isinstance(caps, dict) and caps.get("portMappings") is True
+
+
+def check_capability(n: Network) -> Finding:
+    if _declares_ports(n.entry):
+        return Finding(OK, "capability", n.name, "cni-reaper declares the portMappings capability", source=n.path)
+    mappers = [t for p, t in zip(n.plugins, n.types()) if t != PLUGIN_NAME and _declares_ports(p)]
+    if not mappers:
+        return Finding(OK, "capability", n.name, "no plugin maps ports, so none are recorded", source=n.path)
+    return Finding(FAIL, "capability", n.name,
+                   f"{', '.join(mappers)} maps ports but cni-reaper's entry does not declare portMappings: libcni "
+                   "does not pass it the ports, so it cannot tell which DNAT rules an allocation owned",
+                   f"add \"capabilities\": {{\"portMappings\": true}} to the cni-reaper entry in {n.path}", n.path)
+
+
+def host_local_dirs(n: Network) -> list[str]:
+    """The dataDir of every host-local IPAM in the chain (its default when unset)."""
+    out = []
+    for p in n.plugins:
+        ipam = pick(p, ("ipam",)).get("ipam") if isinstance(p, dict) else None
+        if isinstance(ipam, dict):
+            v = pick(ipam, ("type", "dataDir"))
+            if v.get("type") == "host-local":
+                d = v.get("dataDir")
+                out.append(d if isinstance(d, str) and d else DEFAULT_HOST_LOCAL_DIR)
+    return out
+
+
+def check_ipam_dir(n: Network, conf) -> Finding:
+    dirs = host_local_dirs(n)
+    if not dirs:
+        return Finding(OK, "ipam-data-dir", n.name, "no host-local IPAM in the chain: ipamDataDir is not used",
+                       source=n.path)
+    wrong = [d for d in dirs if os.path.normpath(d) != os.path.normpath(conf.ipamDataDir)]
+    if not wrong:
+        return Finding(OK, "ipam-data-dir", n.name, f"ipamDataDir is host-local's dataDir ({conf.ipamDataDir})",
+                       source=n.path)
+    return Finding(FAIL, "ipam-data-dir", n.name,
+                   f"host-local keeps its reservations in {wrong[0]} but cni-reaper looks in {conf.ipamDataDir}: "
+                   "leaked reservations are never released",
+                   f"set \"ipamDataDir\": \"{wrong[0]}\" in cni-reaper's entry in {n.path}", n.path)
+
+
+def find_plugin(name: str, cni_path: list[str]) -> str | None:
+    for d in cni_path:
+        candidate = os.path.join(d, name)
+        if name and "/" not in name and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def plugin_versions(binary: str, version: str) -> list[str] | None:
+    """The CNI versions a plugin says it speaks (CNI VERSION, as libcni asks); None when it does not answer."""
+    import json
+
+    env = {"CNI_COMMAND": "VERSION", "PATH": os.environ.get("PATH", flavour.FALLBACK_PATH)}
+    try:
+        proc = subprocess.run([binary], input=json.dumps({"cniVersion": version or versions.IMPLICIT}), env=env,
+                              capture_output=True, text=True, timeout=VERSION_TIMEOUT, check=False)
+        listed = json.loads(proc.stdout).get("supportedVersions")
+    except (OSError, subprocess.TimeoutExpired, ValueError, AttributeError):
+        return None
+    return [v for v in listed if isinstance(v, str)] if isinstance(listed, list) else None
+
+
+def check_plugins(n: Network, cni_path: list[str]) -> list[Finding]:
+    """Every plugin of the chain (and every IPAM plugin) is in the plugin directories and speaks the
+    conflist's cniVersion."""
+    wanted = []
+    for p, t in zip(n.plugins, n.types()):
+        wanted.append(t)
+        ipam = pick(p, ("ipam",)).get("ipam") if isinstance(p, dict) else None
+        if isinstance(ipam, dict) and isinstance(pick(ipam, ("type",)).get("type"), str):
+            wanted.append(pick(ipam, ("type",))["type"])
+    out = []
+    missing = [t for t in dict.fromkeys(wanted) if find_plugin(t, cni_path) is None]
+    path_text = ":".join(cni_path)
+    if missing:
+        out.append(Finding(FAIL, "plugins", n.name,
+                           f"not found in {path_text}: {', '.join(t or '(no type)' for t in missing)}; every "
+                           "allocation on this network fails",
+                           "install them (the reference plugins' release tarball into /opt/cni/bin, or Debian's "
+                           "containernetworking-plugins into /usr/lib/cni) or add their directory to Nomad's "
+                           "client cni_path (and to --cni-path here)", n.path))
+    else:
+        out.append(Finding(OK, "plugins", n.name, f"all {len(set(wanted))} plugins found in {path_text}",
+                           source=n.path))
+    version = n.cni_version or versions.IMPLICIT
+    if version not in versions.SUPPORTED:
+        out.append(Finding(FAIL, "cni-version", n.name, f"cniVersion {n.cni_version!r} is not one cni-reaper speaks "
+                           f"({', '.join(versions.SUPPORTED)})",
+                           f"set \"cniVersion\" in {n.path} to 1.0.0 (plugins before 1.6) or 1.1.0", n.path))
+        return out
+    refusing = []
+    for t in dict.fromkeys(wanted):
+        binary = find_plugin(t, cni_path)
+        if binary is None:
+            continue
+        spoken = plugin_versions(binary, version)
+        if spoken is not None and version not in spoken:
+            refusing.append(f"{t} (speaks up to {spoken[-1] if spoken else 'nothing'})")
+    if refusing:
+        out.append(Finding(FAIL, "cni-version", n.name,
+                           f"cniVersion {version} is not spoken by {', '.join(refusing)}: every allocation fails",
+                           "install the conflist's 1.0.0 form (scripts/install.sh picks the form the plugins speak) "
+                           "or upgrade the plugins to 1.6 or later", n.path))
+    else:
+        out.append(Finding(OK, "cni-version", n.name, f"cniVersion {version}: spoken by cni-reaper and every plugin "
+                           "that answers", source=n.path))
+    return out
+
+
+def check_shadowed(n: Network) -> Finding:
+    return Finding(WARN, "duplicate", n.name, f"{n.path} is ignored: {n.shadowed_by} comes first and names the same "
+                   "network (Nomad and libcni use the first)", "remove or rename one of the two", n.path)
+
+
+# -- the directories cni-reaper writes ---------------------------------------------------------------
+def check_state_dir(network: str, path: str | None) -> Finding:
+    if not path:
+        return Finding(FAIL, "state-dir", network, "no usable stateDir", "set stateDir to an absolute path")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path.rstrip("/")) or "/"
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent) or "/"
+        if os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK):
+            return Finding(OK, "state-dir", network, f"{path} does not exist yet; the first ADD creates it (0700)")
+        return Finding(FAIL, "state-dir", network, f"{path} does not exist and cannot be created under {parent}",
+                       f"create {path} (mode 0700, owned by root) or set stateDir to a writable path")
+    except OSError as exc:
+        return Finding(FAIL, "state-dir", network, f"{path}: {exc.strerror}")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return Finding(FAIL, "state-dir", network, f"{path} is a symlink or not a directory; cni-reaper refuses it and "
+                       "every ADD fails", "point stateDir at a real directory owned by root")
+    if st.st_uid != 0:
+        return Finding(FAIL, "state-dir", network, f"{path} is owned by uid {st.st_uid}, not root; cni-reaper refuses "
+                       "it and every ADD fails", f"chown root {path}")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        return Finding(WARN, "state-dir", network, f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; the next call "
+                       "sets it to 0700", f"chmod 0700 {path}")
+    return Finding(OK, "state-dir", network, f"{path}: root's, 0700")
+
+
+def check_log_file(network: str, path: str) -> Finding:
+    if not path:
+        return Finding(OK, "log-file", network, "logging to a file is off (logFile \"\"); lines go to the runtime only")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path) or "/"
+        if os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK):
+            return Finding(OK, "log-file", network, f"{path} will be created on the first line")
+        return Finding(WARN, "log-file", network, f"{path} cannot be created ({parent} is missing or not writable): "
+                       "what cni-reaper removes is not logged", f"create {parent}, or set logFile")
+    except OSError as exc:
+        return Finding(WARN, "log-file", network, f"{path}: {exc.strerror}")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        return Finding(WARN, "log-file", network, f"{path} is a symlink or not a file; cni-reaper does not follow it, "
+                       "so nothing is logged", f"replace {path} by a plain file, or set logFile")
+    if not os.access(path, os.W_OK):
+        return Finding(WARN, "log-file", network, f"{path} is not writable: nothing is logged", f"chmod u+w {path}")
+    return Finding(OK, "log-file", network, f"{path} is writable")
+
+
+def check_records(state_dir: str, networks: list[str], cache_dir: str) -> Finding:
+    from cni_reaper.reap.states import DEAD, EXPIRED, LIVE, classify
+    from cni_reaper.state.store import Store
+
+    label = ", ".join(networks)
+    if not os.path.isdir(state_dir):
+        return Finding(OK, "dead-records", label, f"no records yet in {state_dir}")
+    try:
+        store = Store(state_dir).open(create=False, read_only=True)
+    except Exception as exc:  # noqa: BLE001 - the state-dir check says why
+        return Finding(WARN, "dead-records", label, f"{state_dir} cannot be read: {getattr(exc, 'msg', exc)}")
+    try:
+        states = [classify(r, cache_dir) for r in store.records()]
+    finally:
+        store.close()
+    dead = sum(s in (DEAD, EXPIRED) for s in states)
+    live = sum(s == LIVE for s in states)
+    if dead:
+        return Finding(WARN, "dead-records", label, f"{dead} dead attachment(s) in {state_dir} wait for a sweep "
+                       f"({live} live)", "the next CNI call on this client cleans them, or now: cni-reaper sweep --apply")
+    return Finding(OK, "dead-records", label,
+                   f"no dead records in {state_dir} ({live} live, {len(states) - live} torn down)")
+
+
+# -- the host ----------------------------------------------------------------------------------------
+def check_iptables(backend: str) -> list[Finding]:
+    out = []
+    found = {}
+    for family in (4, 6):
+        name, why = flavour.detect(backend, family=family)
+        found[family] = name
+        if name is None:
+            out.append(Finding(WARN if family == 6 else FAIL, "iptables", "", f"ipv{family}: {why}",
+                               "install the iptables package (bridge, portmap and firewall need it too)"))
+        else:
+            out.append(Finding(OK, "iptables", "", f"ipv{family}: {name} ({why})"))
+    for family, name in found.items():
+        if name is None:
+            continue
+        other = "legacy" if name == "nft" else "nft"
+        stranded = _cni_chains_in(other, family)
+        if stranded:
+            out.append(Finding(WARN, "iptables", "", f"ipv{family}: the {other} tables hold {stranded} CNI chain(s), "
+                               f"but {flavour.tool(family)} is now {name}: the plugins and cni-reaper no longer see them",
+                               f"inspect with {flavour.tool(family)}-{other}-save -t nat; remove what belongs to no "
+                               "allocation, or switch back with update-alternatives"))
+    return out
+
+
+def _cni_chains_in(which: str, family: int) -> int:
+    """How many CNI-* chains the nat table of the other flavour holds; 0 without running anything when that
+    flavour has no nat table (no module is loaded, no table made)."""
+    tool = f"{flavour.tool(family)}-{which}-save"
+    binary = flavour.which(tool)
+    if binary is None:
+        return 0
+    if which == "legacy":
+        names = "/proc/net/ip_tables_names" if family == 4 else "/proc/net/ip6_tables_names"
+        try:
+            with open(names) as f:
+                if "nat" not in f.read().split():
+                    return 0
+        except OSError:
+            return 0
+    else:
+        from cni_reaper.reap.netfilter.interface import BackendError
+        from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+
+        try:
+            if ("ip" if family == 4 else "ip6", "nat") not in NftBackend().tables():
+                return 0
+        except BackendError:
+            return 0
+    try:
+        text = subprocess.run([binary, "-t", "nat"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in text.splitlines() if line.startswith(":CNI-"))
+
+
+def check_nftables() -> Finding:
+    from cni_reaper.reap.netfilter.interface import BackendError
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+    from cni_reaper.reap.netfilter.nftables.rules import TABLES
+
+    nft = NftBackend()
+    if not nft.binary:
+        return Finding(OK, "nftables", "", "no nft binary: the plugins cannot make native nftables rules here")
+    try:
+        present = nft.tables()
+    except BackendError as exc:
+        return Finding(WARN, "nftables", "", f"the nftables tables cannot be listed: {exc}",
+                       "run as root; native rules of plugins 1.6+ cannot be cleaned until this works")
+    native = [f"{f} {n}" for f, n in TABLES if (f, n) in present]
+    if native:
+        return Finding(OK, "nftables", "", f"native tables of plugins 1.6+ present: {', '.join(native)} (cleaned too)")
+    return Finding(OK, "nftables", "", "no native tables of plugins 1.6+ (they appear with the nftables backend)")
+
+
+def check_scan(scan: Scan, dirs: list[str]) -> list[Finding]:
+    out = []
+    for path, why in scan.unreadable:
+        out.append(Finding(WARN, "conflist", "", f"{path} cannot be read: {why}; Nomad cannot load it either",
+                           f"fix or remove {path}", path))
+    if not scan.networks:
+        out.append(Finding(FAIL, "conflist", "", f"no conflist in {', '.join(dirs)} chains cni-reaper",
+                           "install one (scripts/install.sh, or /usr/share/cni-reaper/conflist/ from the .deb) or "
+                           "point --cni-conf-dir at Nomad's client cni_config_dir"))
+    else:
+        out.append(Finding(OK, "conflist", "", f"{len(scan.networks)} network(s) chain cni-reaper: "
+                           + ", ".join(f"{n.name} ({n.path})" for n in scan.networks)))
+    return out
+
+
+def summary(findings: list[Finding]) -> str:
+    counts = {s: sum(f.status == s for f in findings) for s in (OK, WARN, FAIL)}
+    return f"{counts[FAIL]} FAIL, {counts[WARN]} WARN, {counts[OK]} OK"
