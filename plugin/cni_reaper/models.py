@@ -48,8 +48,8 @@ from cni_reaper.cni.result import (
     RESULT_RESETTABLE,
 )
 from cni_reaper.gojson import pick
+from cni_reaper.state.record import MAX_ARG_KEY, MAX_ARG_VALUE, MAX_ARGS, MAX_IPS, MAX_PORTS, MAX_TEXT
 from cni_reaper.state.record import MAX_EARLIER as MAX_EARLIER_INCARNATIONS
-from cni_reaper.state.record import SCHEMA as RECORD_SCHEMA
 
 # These models run on Python 3.9 too (the release is built on Debian 11): typing's Optional/List, not `X | None`.
 
@@ -311,8 +311,8 @@ class PrevResult(GoStruct):
         return out
 
 
-class NetnsId(BaseModel):
-    """Identity of a network namespace: device and inode of its nsfs file."""
+class NetnsIdV1(BaseModel):
+    """Identity of a network namespace as cni-reaper 0.2 recorded it: device and inode of its nsfs file."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -320,12 +320,61 @@ class NetnsId(BaseModel):
     ino: int
 
 
-class RecordedIP(BaseModel):
+class NetnsId(NetnsIdV1):
+    """Identity of a network namespace: device and inode of its nsfs file, and (for a bind-mounted one, whose
+    inode stays while it is mounted) the inode's change time in ns: the kernel recycles inode numbers."""
+
+    ctime: Optional[int]
+
+
+class DirId(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    address: str
+    dev: int
+    ino: int
+
+
+class HostId(BaseModel):
+    """The host a life was recorded on: boot id, machine id, the network namespace the plugin ran in."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    boot: str = Field(max_length=MAX_TEXT)
+    machine: str = Field(max_length=MAX_TEXT)
+    netns: int
+
+
+class Veth(BaseModel):
+    """The host side of the container's veth pair: its name and index in the host's network namespace."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(max_length=MAX_TEXT)
+    ifindex: int
+
+
+class ReservationId(BaseModel):
+    """Where host-local reserved an address for this life, and the identity of that file."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dataDir: str = Field(max_length=MAX_TEXT)
+    dev: int
+    ino: int
+    mtime: int
+    ctime: int
+
+
+class RecordedIPV1(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    address: str = Field(max_length=64)
     prefix: int = Field(ge=0, le=128)
     family: Literal[4, 6]
+
+
+class RecordedIP(RecordedIPV1):
+    reservation: Optional[ReservationId]
 
 
 class RecordedPortMapping(BaseModel):
@@ -336,10 +385,11 @@ class RecordedPortMapping(BaseModel):
     hostPort: int = Field(ge=1, le=65535)
     containerPort: int = Field(ge=1, le=65535)
     protocol: Literal["tcp", "udp", "sctp"]
-    hostIP: str
+    hostIP: str = Field(max_length=64)
 
 
-# Record times: ISO 8601, "T" between date and time, seconds, at most microseconds, UTC ("Z", "+00:00" or none).
+# Record times: ISO 8601, "T" between date and time, seconds, at most microseconds, UTC ("Z", "+00:00", "-00:00"
+# or none).
 _RECORD_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-]00:00)?")
 
 
@@ -359,22 +409,32 @@ def _utc(v: datetime) -> datetime:
     return v
 
 
-class Incarnation(BaseModel):
-    """One life of an attachment: what one ADD set up."""
+class LifeV1(BaseModel):
+    """One life of an attachment (what one ADD set up), as cni-reaper 0.2 recorded it."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    netns: str
-    netnsId: Optional[NetnsId]
-    ips: List[RecordedIP]
-    portMappings: List[RecordedPortMapping]
+    netns: str = Field(max_length=MAX_TEXT)
+    netnsId: Optional[NetnsIdV1]
+    ips: List[RecordedIPV1] = Field(max_length=MAX_IPS)
+    portMappings: List[RecordedPortMapping] = Field(max_length=MAX_PORTS)
     createdAt: datetime = Field(strict=False)  # a string of the format below, once _record_time has checked it
 
     _format = field_validator("createdAt", mode="before")(classmethod(lambda cls, v: _record_time(v)))
     _time = field_validator("createdAt")(classmethod(lambda cls, v: _utc(v)))
 
 
-class Tombstone(BaseModel):
+class Life(LifeV1):
+    """One life of an attachment, with what proves it alive or dead (README, "Evidence")."""
+
+    netnsId: Optional[NetnsId]
+    netnsDir: Optional[DirId]
+    host: Optional[HostId]
+    veth: Optional[Veth]
+    ips: List[RecordedIP] = Field(max_length=MAX_IPS)  # type: ignore[assignment]
+
+
+class TombstoneV1(BaseModel):
     """Written by DEL: the attachment is being torn down; what DEL knew when it ran."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -389,18 +449,72 @@ class Tombstone(BaseModel):
     _time = field_validator("at")(classmethod(lambda cls, v: _utc(v)))
 
 
+class Tombstone(TombstoneV1):
+    verify: bool
+    cached: Optional[bool]  # whether libcni cached the attachment when DEL ran (None: not known)
+
+
+class Settings(BaseModel):
+    """The settings a record is cleaned with, whichever network's verb runs the sweep."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ipamDataDir: str = Field(max_length=MAX_TEXT)
+    cniCacheDir: str = Field(max_length=MAX_TEXT)
+    backend: str = Field(max_length=MAX_TEXT)
+
+
+def _args(v: Dict[str, str]) -> Dict[str, str]:
+    if len(v) > MAX_ARGS or any(len(k) > MAX_ARG_KEY or len(x) > MAX_ARG_VALUE for k, x in v.items()):
+        raise ValueError("cniArgs past the limits")
+    return v
+
+
+class RecordV1(BaseModel):
+    """A record of cni-reaper 0.2 (schema 1): still read, and carried as it is."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    schema_: Literal[1] = Field(alias="schema")
+    network: str = Field(max_length=MAX_TEXT)
+    containerID: str = Field(max_length=MAX_TEXT)
+    ifname: str = Field(max_length=MAX_TEXT)
+    current: LifeV1
+    earlier: List[LifeV1] = Field(max_length=MAX_EARLIER_INCARNATIONS)
+    cniArgs: Dict[str, str]
+    pluginVersion: str = Field(max_length=MAX_TEXT)
+    deleted: Optional[TombstoneV1]
+
+    _cni_args = field_validator("cniArgs")(classmethod(lambda cls, v: _args(v)))
+
+
 class Record(BaseModel):
     """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir,
     exactly as record.py writes it (every key present; record.problem() says the same in plain Python)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    schema_: int = Field(alias="schema", ge=RECORD_SCHEMA, le=RECORD_SCHEMA)  # strict int: not `true`
-    network: str
-    containerID: str
-    ifname: str
-    current: Incarnation
-    earlier: List[Incarnation] = Field(max_length=MAX_EARLIER_INCARNATIONS)
+    schema_: Literal[2] = Field(alias="schema")
+    network: str = Field(max_length=MAX_TEXT)
+    containerID: str = Field(max_length=MAX_TEXT)
+    ifname: str = Field(max_length=MAX_TEXT)
+    current: Life
+    earlier: List[Life] = Field(max_length=MAX_EARLIER_INCARNATIONS)
     cniArgs: Dict[str, str]
-    pluginVersion: str
+    settings: Optional[Settings]
+    pluginVersion: str = Field(max_length=MAX_TEXT)
     deleted: Optional[Tombstone]
+
+    _cni_args = field_validator("cniArgs")(classmethod(lambda cls, v: _args(v)))
+
+
+def record_problem(doc: Any) -> Optional[str]:
+    """What the schema says of a record document of either schema (None: it is one)."""
+    import json
+
+    model = RecordV1 if isinstance(doc, dict) and doc.get("schema") == 1 else Record
+    try:
+        model.model_validate_json(json.dumps(doc))
+    except ValidationError as exc:
+        return str(exc).splitlines()[0]
+    return None

@@ -3,6 +3,7 @@ Debian reference plugins, on both iptables flavours, with the installed package 
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -21,11 +22,30 @@ def test_add_records_attachment_with_netns_identity_ips_and_ports(sandbox):
     record = sandbox.record(cid)
     assert record is not None
     st = os.stat(netns)
-    assert record["network"] == "nomad-reaper" and record["ifname"] == "eth0"
-    assert record["current"]["netns"] == netns
-    assert record["current"]["netnsId"] == {"dev": st.st_dev, "ino": st.st_ino}
-    [ip] = record["current"]["ips"]
+    assert record["schema"] == 2 and record["network"] == "nomad-reaper" and record["ifname"] == "eth0"
+    cur = record["current"]
+    assert cur["netns"] == netns
+    # what tells this life from any later one at the same path: the pinned nsfs inode's change time too
+    assert cur["netnsId"] == {"dev": st.st_dev, "ino": st.st_ino, "ctime": st.st_ctime_ns}
+    d = os.stat(os.path.dirname(netns))
+    assert cur["netnsDir"] == {"dev": d.st_dev, "ino": d.st_ino}
+    host_ns = sandbox.run(["stat", "-L", "-c", "%i", "/proc/self/ns/net"], check=True).stdout.strip()
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert cur["host"]["boot"] == boot and cur["host"]["netns"] == int(host_ns)
+    # the host side of the veth pair, as bridge's result names it, with its index in the host netns
+    veth = [i["name"] for i in json.loads(proc.stdout)[-1]["interfaces"] if i["name"].startswith("veth")]
+    assert cur["veth"]["name"] == veth[0]
+    [link] = json.loads(sandbox.run(["ip", "-j", "link", "show", veth[0]], check=True).stdout)
+    assert cur["veth"]["ifindex"] == link["ifindex"]
+    [ip] = cur["ips"]
     assert ip["family"] == 4 and ip["prefix"] == 20 and ip["address"].startswith("172.26.")
+    # where host-local reserved it, and that file's identity
+    res = sandbox.cni_dir / "networks" / "nomad-reaper" / ip["address"]
+    rst = os.stat(res)
+    assert ip["reservation"] == {"dataDir": "/var/lib/cni/networks", "dev": ip["reservation"]["dev"],
+                                 "ino": rst.st_ino, "mtime": rst.st_mtime_ns, "ctime": rst.st_ctime_ns}
+    assert record["settings"] == {"ipamDataDir": "/var/lib/cni/networks", "cniCacheDir": "/var/lib/cni",
+                                  "backend": "auto"}
     assert {(p["hostPort"], p["containerPort"], p["protocol"]) for p in record["current"]["portMappings"]} == {
         (8080, 80, "tcp"), (8080, 80, "udp")}
     assert record["cniArgs"].get("NOMAD_JOB_ID") == "web"

@@ -24,6 +24,8 @@ from cni_reaper.gojson import pick
 
 DEFAULT_STATE_DIR = "/var/lib/cni/reaper"
 DEFAULT_IPAM_DATA_DIR = "/var/lib/cni/networks"
+# where host-local keeps reservations when nothing says otherwise: its default, and Nomad 1.9.4+'s bridge network
+DEFAULT_IPAM_DIRS = (DEFAULT_IPAM_DATA_DIR, "/var/run/cni")
 DEFAULT_CNI_CACHE_DIR = "/var/lib/cni"
 DEFAULT_LOG_FILE = "/var/log/cni-reaper.log"
 DEFAULT_LOCK_TIMEOUT = 10.0

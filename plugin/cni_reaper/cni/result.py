@@ -121,3 +121,20 @@ def recorded_ips(prev: dict[str, Any] | None, version: str = "1.0.0") -> list[di
         return _ips(prev, version)
     except Invalid as exc:
         raise CniError(INVALID_CONFIG, "prevResult is not a valid CNI result", f"prevResult.{exc}") from None
+
+
+def host_veths(prev: dict[str, Any] | None) -> list[str]:
+    """The host side of the container's veth pair in a (valid) prevResult: the interfaces without a sandbox
+    whose name is the one bridge and ptp give it (`veth` and 8 hex digits). It lives in the host's network
+    namespace and dies with the container's."""
+    if prev is None:
+        return []
+    ifaces = pick(prev, RESULT_FIELDS, RESULT_RESETTABLE).get("interfaces")
+    out = []
+    for iface in ifaces if isinstance(ifaces, list) else []:
+        if isinstance(iface, dict):
+            v = pick(iface, IFACE_FIELDS)
+            name = v.get("name")
+            if isinstance(name, str) and name.startswith("veth") and not v.get("sandbox"):
+                out.append(name)
+    return out

@@ -1,122 +1,93 @@
-"""The clean-up engine: given the targets (dead lives of attachments), remove what they left behind, in both
-families, and their host-local reservations. Which targets there are is the sweep's business (sweep.py);
-what exactly to delete is the planner's (plan.py); the kernel is the backends' (netfilter/).
+"""The clean-up engine: given the targets (dead lives of attachments), remove what they left behind, in every
+netfilter domain, their conntrack entries and their host-local reservations. Which targets there are is the
+sweep's business (sweep.py); what of them someone else may hold, the claims' (claims.py); what exactly to
+delete, the planners'; the kernel, the backends'.
 
-Order of locks, always: the state lock (held by the caller) -> host-local's network locks (in name
-order) -> the xtables lock (taken by iptables-legacy-restore -w or around a libiptc commit). Every wait is
-bounded. Each family is cleaned through its own backend; a transaction that fails because a concurrent
-writer changed the table is re-read, re-planned and retried, then applied one operation at a time, so that
-one stubborn rule does not keep the rest; a held xtables lock stops the family's clean-up for this call.
+Order of locks, always: the state lock (held by the caller) -> host-local's network locks (by data dir, then
+network) -> the xtables lock (taken by iptables-legacy-restore -w or around a libiptc commit). Every wait is
+bounded. Under host-local's locks: the claims are read, the targets narrowed to what is theirs alone, the
+rules removed, the conntrack entries cleared, then, per released address, libcni's cached result of the dead
+attachment forgotten and the reservation removed. A transaction that fails because a concurrent writer
+changed the tables is re-read, re-planned and retried, then applied one operation at a time, so that one
+stubborn rule does not keep the rest; a held xtables lock stops that domain's clean-up for this call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.reap.netfilter.domain import Domain
 
 from cni_reaper import log
-from cni_reaper.reap.hostlocal import NetworkDir, all_network_names, locked_networks
-from cni_reaper.reap.netfilter.iptables.plan import plan
-from cni_reaper.reap.targets import Target
+from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
+from cni_reaper.reap.claims import Claims
+from cni_reaper.reap.hostlocal import NetworkDir, locked_dirs, networks_in
+from cni_reaper.reap.outcome import Outcome
+from cni_reaper.reap.targets import NETFILTER_PARTS, Target
 
 APPLY_ATTEMPTS = 3
-# What the metrics count a removal as (metrics.KINDS), by domain and part (plan.PARTS)
-IPTABLES_KINDS = {"masq": "masquerade", "dnat": "dnat", "forward": "firewall"}
-NATIVE_KINDS = {"masq": "nftables_masquerade", "dnat": "nftables_dnat"}
 
 
-@dataclass
-class Outcome:
-    removed: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
-    failed: set[tuple[str, str, str]] = field(default_factory=set)
-    skipped: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    backends: dict[int, str] = field(default_factory=dict)  # family -> backend name
-    counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (network, kind) -> items removed
+class Settings:
+    """What a clean-up needs to know beyond its targets: every data dir where reservations may be (for the
+    claims), the lock timeout, and the test hook for backends."""
 
-    @property
-    def backend(self) -> str:
-        """The backend used, or one per family when they differ: "ipv4: python-iptables, ipv6: ..."."""
-        names = set(self.backends.values())
-        if len(names) <= 1:
-            return names.pop() if names else ""
-        return ", ".join(f"ipv{f}: {n}" for f, n in sorted(self.backends.items()))
-
-    def note(self, key, what: str, kind: str, n: int = 1) -> None:
-        """One removal (or `n` of a kind counted as one line: conntrack entries) of attachment `key`."""
-        self.removed.setdefault(key, []).append(what)
-        self.counts[(key[0], kind)] = self.counts.get((key[0], kind), 0) + n
+    def __init__(self, data_dirs: list[str], lock_timeout: float, backend_for: Any = None, dry_run: bool = False) -> None:
+        self.data_dirs = list(dict.fromkeys([*data_dirs, *DEFAULT_IPAM_DIRS]))
+        self.lock_timeout, self.backend_for, self.dry_run = lock_timeout, backend_for, dry_run
 
 
-def _protected(targets: list[Target], live: dict, dirs: dict[str, NetworkDir], fresh_owner_ok) -> dict:
-    """Per target: those of its dead IPs whose untagged (firewall) rules must stay, because a live
-    attachment holds the IP or host-local has given it to another container."""
-    live_ips: dict[str, set] = {}
-    for holder, addresses in live.items():
-        for ip in addresses:
-            live_ips.setdefault(ip, set()).add(holder)
-    out = {}
-    for t in targets:
-        prot = set()
-        for ip in t.dead_ips:
-            holders = live_ips.get(ip, set())
-            if holders - {t.key} or (not t.whole and t.key in holders):
-                prot.add(ip)
-                continue
-            for d in dirs.values():
-                who = d.owner(ip)
-                if who is not None and (who[0] != t.container_id or not fresh_owner_ok(t, d.network)):
-                    prot.add(ip)
-                    break
-        out[t.key] = prot
-    return out
-
-
-def clean(targets: list[Target], live: dict, conf, backend_for=None, tombstoned_keys=frozenset(),
-          dry_run: bool = False) -> Outcome:
-    """Remove what `targets` left behind, in both families, and their reservations. Never raises: failures
-    are logged and reported in the outcome (the caller keeps the record for a retry). `live` maps the key of
-    every live attachment to the addresses it holds: those stay protected. `backend_for(4 | 6 | "native")`
-    gives the backends (default: netfilter.select and the native nftables backend);
-    `tombstoned_keys`: attachments whose DEL finished (host-local has released their addresses, so a
-    reservation naming them is a newer life's). With dry_run, plan and report only: nothing is changed."""
+def clean(targets: list[Target], holders: dict[tuple[str, str, str], set[str]], settings: Settings) -> Outcome:
+    """Remove what `targets` left behind. Never raises: failures are logged and reported in the outcome (the
+    caller keeps the record for a retry). `holders` maps the key of every attachment that is live, unknown or
+    being deleted to the addresses it holds."""
     outcome = Outcome()
     if not targets:
         return outcome
-
-    networks = sorted({t.network for t in targets})
-    other = [n for n in all_network_names(conf.ipamDataDir) if n not in networks]
-
-    def fresh_owner_ok(t: Target, network: str) -> bool:
-        # A reservation naming X itself is X's leak, unless X's DEL finished (host-local released X then,
-        # so a reservation naming X now belongs to a newer life of X).
-        return network == t.network and t.key not in tombstoned_keys
-
+    target_dirs = {(e.data_dir, t.network) for t in targets for e in t.expect.values()}
+    target_dirs |= {(d, t.network) for t in targets for d in settings.data_dirs}
     try:
-        with locked_networks(conf.ipamDataDir, networks, conf.lockTimeout) as dirs:
-            all_dirs = dict(dirs)
-            for n in other:
-                all_dirs[n] = NetworkDir(conf.ipamDataDir, n)
+        with locked_dirs(target_dirs, settings.lock_timeout) as dirs:
+            others = [NetworkDir(d, n) for d in settings.data_dirs for n in networks_in(d)
+                      if (d, n) not in dirs]
             try:
-                protected = _protected(targets, live, all_dirs, fresh_owner_ok)
-                _clean_netfilter(targets, protected, conf, backend_for, outcome, dry_run)
-                _clear_conntrack(targets, protected, outcome, dry_run)
-                for t in targets:
-                    # after a finished DEL host-local has released X's addresses: any naming X now are a newer life's
-                    if "reservation" not in t.parts or t.key in tombstoned_keys:
-                        continue
-                    for ip in sorted(t.dead_ips):
-                        d = dirs[t.network]
-                        act = d.would_release if dry_run else d.release
-                        if act(ip, t.container_id, t.ifname):
-                            outcome.note(t.key, f"host-local reservation {t.network}/{ip}", "reservation")
+                claims = Claims(targets, holders, [*dirs.values(), *others])
+                narrowed, protected = _narrow(targets, claims, outcome)
+                _clean_netfilter(narrowed, protected, settings, outcome)
+                _clear_conntrack(narrowed, protected, outcome, settings.dry_run)
+                _release(targets, claims, dirs, outcome, settings.dry_run)
             finally:
-                for n in other:
-                    all_dirs[n].close()
+                for d in others:
+                    d.close()
     except Exception as exc:  # noqa: BLE001 - the clean-up never breaks a verb
         outcome.errors.append(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         outcome.failed |= {t.key for t in targets}
-    if dry_run:
-        return outcome
+    if not settings.dry_run:
+        _log(outcome)
+    return outcome
+
+
+def _narrow(targets: list[Target], claims: Claims, outcome: Outcome) -> tuple[list[Target], dict]:
+    """Each target cut to what is its alone: addresses no other life of its container holds (its tagged rules
+    of them), its chains only when no other life of its container is there; `protected[key]`: its addresses
+    whose untagged rules and conntrack entries must stay."""
+    narrowed, protected = [], {}
+    for t in targets:
+        kin_free = frozenset(ip for ip in t.dead_ips if claims.kin_free(t, ip))
+        whole = t.whole and claims.container_free(t)
+        n = t.narrowed(kin_free, whole)
+        narrowed.append(n)
+        protected[t.key] = {ip for ip in kin_free if not claims.ip_free(t, ip)}
+        for ip in sorted(t.dead_ips - kin_free):
+            outcome.skipped.append(f"{t.network} {t.container_id} {ip}: {claims.why_kept(t, ip)}")
+        if t.whole and not whole:
+            outcome.skipped.append(f"{t.network} {t.container_id}: its chains stay, another life of it is there")
+    return narrowed, protected
+
+
+def _log(outcome: Outcome) -> None:
     for owner, items in outcome.removed.items():
         log.info("removed", network=owner[0], containerID=owner[1], ifname=owner[2], items=items,
                  backend=outcome.backend)
@@ -124,69 +95,31 @@ def clean(targets: list[Target], live: dict, conf, backend_for=None, tombstoned_
         log.info("left in place", why=msg)
     for err in outcome.errors:
         log.warn("clean-up failed; will retry on a later call", error=err)
-    return outcome
 
 
-def _families(targets: list[Target]) -> list[int]:
-    fams = set()
-    for t in targets:
-        if not t.dead_ips or t.any_source:
-            fams |= {4, 6}
-        fams |= {6 if ":" in ip else 4 for ip in t.dead_ips}
-    return sorted(fams)
+# -- netfilter ------------------------------------------------------------------------------------
+def _clean_netfilter(targets: list[Target], protected: dict, settings: Settings, outcome: Outcome) -> None:
+    from cni_reaper.reap.netfilter.domain import domains
 
-
-class _Domain:
-    """Tables cleaned as one unit, with one kind of backend: an iptables family (`ipv4`, `ipv6`) or the
-    plugins' native nftables tables (`nft`)."""
-
-    def __init__(self, label: str, read, plan_fn, apply, kinds: dict[str, str]) -> None:
-        self.label, self.read, self.plan, self.apply, self.kinds = label, read, plan_fn, apply, kinds
-
-
-def _clean_netfilter(targets, protected, conf, backend_for, outcome: Outcome, dry_run: bool = False) -> None:
-    """Each iptables family on its own backend (the flavour of its own tool, as the plugins that made the
-    rules chose it), then the native nftables tables. `backend_for(4 | 6 | "native")` may stand in for the
-    real backends (tests); it may answer None for a key it does not serve."""
-    from cni_reaper.reap.netfilter.interface import BackendError
-    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
-    from cni_reaper.reap.netfilter.nftables.plan import plan_native
-    from cni_reaper.reap.netfilter.select import select
-
-    wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
+    wanted = [t for t in targets if t.parts & NETFILTER_PARTS]
     if not wanted:
         return
-    known = {6 if ":" in ip else 4 for t in wanted for ip in t.dead_ips}
-    domains = []
-    for family in _families(wanted):
-        try:
-            backend = backend_for(family) if backend_for else select(conf.backend, family)
-        except BackendError as exc:
-            if family in known:  # rules of this family exist (a dead IP of it), and nothing can read them
-                outcome.errors.append(f"ipv{family}: {exc}")
-                outcome.failed |= {t.key for t in wanted}
-            continue  # otherwise: no tool, so no plugin made rules in this family
-        if backend is None:
-            continue
-        outcome.backends[family] = backend.name
-        domains.append(_Domain(f"ipv{family}", lambda b=backend, f=family: b.read(f),
-                               lambda tables, f=family: plan(tables, wanted, f, protected),
-                               lambda ops, b=backend, f=family: b.apply(f, ops), IPTABLES_KINDS))
-    native = [t for t in wanted if t.parts & {"masq", "dnat"}]
-    nft = backend_for("native") if backend_for else NftBackend()
-    if native and nft is not None:
-        domains.append(_Domain("nft", nft.read, lambda rules: plan_native(rules, native), nft.apply, NATIVE_KINDS))
-    for domain in domains:
-        _clean_domain(domain, wanted, outcome, dry_run)
+    for domain in domains(wanted, protected, outcome.errors, outcome.failed, settings.backend_for):
+        if domain.label.startswith("ipv"):
+            outcome.backends[int(domain.label[3:])] = domain.backend_name
+        _clean_domain(domain, outcome, settings.dry_run)
 
 
-def _clean_domain(domain: _Domain, wanted: list[Target], outcome: Outcome, dry_run: bool) -> None:
+def _owners(domain: Domain) -> dict[tuple[str, str], tuple[str, str, str]]:
+    return {(t.network, t.container_id): t.key for t in domain.targets}
+
+
+def _clean_domain(domain: Domain, outcome: Outcome, dry_run: bool) -> None:
     """Read, plan, apply in one transaction; on failure (a concurrent writer changed the tables) read, plan and
     try again; then one operation at a time. A held xtables lock stops at once: a later call will retry."""
     from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
 
-    owners = {(t.network, t.container_id): t.key for t in wanted}
-    last_error = None
+    owners = _owners(domain)
     for _attempt in range(APPLY_ATTEMPTS):
         try:
             p = domain.plan(domain.read())  # the plan keeps what it needs of the tables, not the tables
@@ -198,26 +131,25 @@ def _clean_domain(domain: _Domain, wanted: list[Target], outcome: Outcome, dry_r
             return
         except LockHeld as exc:
             outcome.errors.append(f"{domain.label}: {exc}")
-            outcome.failed |= {t.key for t in wanted}
+            outcome.failed |= set(owners.values())
             return
-        except BackendError as exc:
-            last_error = exc
-    if last_error is not None:
-        _apply_one_by_one(domain, wanted, outcome)
+        except BackendError:
+            continue
+    _apply_one_by_one(domain, outcome)
 
 
-def _apply_one_by_one(domain: _Domain, targets: list[Target], outcome: Outcome) -> None:
+def _apply_one_by_one(domain: Domain, outcome: Outcome) -> None:
     """The transaction kept failing: apply each operation alone so that one stubborn rule does not keep the
     rest. Whatever fails is logged and the owner's record is kept for a later retry."""
     from cni_reaper.reap.netfilter.interface import BackendError
 
+    owners = _owners(domain)
     try:
         p = domain.plan(domain.read())
     except BackendError as exc:
         outcome.errors.append(f"{domain.label}: {exc}")
-        outcome.failed |= {t.key for t in targets}
+        outcome.failed |= set(owners.values())
         return
-    owners = {(t.network, t.container_id): t.key for t in targets}
     for op in p.ops:
         owner = owners[op.owner]
         try:
@@ -229,6 +161,7 @@ def _apply_one_by_one(domain: _Domain, targets: list[Target], outcome: Outcome) 
     outcome.skipped += p.skipped
 
 
+# -- conntrack and reservations ------------------------------------------------------------------------
 def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, dry_run: bool) -> None:
     """Once a dead attachment's rules are gone: the conntrack entries whose reply source or original
     destination is one of its dead addresses, never for an address someone else holds (protected)."""
@@ -249,3 +182,54 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, d
         return
     for ip, n in sorted(counts.items()):
         outcome.note(owner_of[ip], f"conntrack: {n} entr{'y' if n == 1 else 'ies'} of {ip}", "conntrack", n)
+
+
+def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome,
+             dry_run: bool) -> None:
+    """Per dead address: its own reservation, once libcni's cached result of the attachment no longer names
+    the address (a later DEL of the dead attachment would otherwise hand it to the firewall plugin, which
+    deletes the rules of whoever holds the address by then)."""
+    from cni_reaper.reap import cache
+
+    for t in targets:
+        if "reservation" not in t.parts or t.key in outcome.failed:
+            continue
+        for ip in sorted(t.dead_ips):
+            _verify_dir(t, ip, dirs, outcome)
+            own = claims.releasable(t, ip)
+            if not own or dry_run:
+                for r in own:
+                    outcome.note(t.key, f"host-local reservation {r.network}/{ip}", "reservation")
+                continue
+            if t.cache_dir:
+                kept = cache.forget_addresses(t.cache_dir, t.network, t.container_id, t.ifname, {ip})
+                if kept is None:
+                    outcome.errors.append(f"libcni's cache entry of {t.container_id} names {ip} and cannot be "
+                                          "rewritten; its reservation is kept")
+                    outcome.failed.add(t.key)
+                    continue
+            for r in own:
+                d = dirs.get((r.data_dir, r.network))
+                if d is not None and d.release(r):
+                    outcome.note(t.key, f"host-local reservation {r.network}/{ip}", "reservation")
+
+
+def _verify_dir(t: Target, ip: str, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome) -> None:
+    """A dead address's reservation directory must be seen as it was recorded: one that is missing in this view
+    (but for a boot since: tmpfs) or is another directory leaves the record kept, unverified."""
+    e = t.expect.get(ip)
+    if e is None or e.dev is None or e.rebooted:
+        return
+    d = dirs.get((e.data_dir, t.network))
+    if d is None or d.ident is None:
+        import os
+
+        if os.path.isdir(e.data_dir):
+            return  # host-local makes the network's directory again when it needs it: nothing is reserved
+        why = f"{e.data_dir} is not visible here"
+    elif d.ident[0] == e.dev:
+        return
+    else:
+        why = f"{e.data_dir}/{t.network} here is on another file system than when recorded"
+    outcome.unverified.add(t.key)
+    outcome.skipped.append(f"{t.network} {t.container_id} {ip}: reservation not verified gone ({why})")

@@ -1,43 +1,49 @@
-"""host-local IPAM reservations: `<dataDir>/<network>/<ip>` holding `<containerID>\\r\\n<ifname>` (older
-plugins: just the container ID), guarded by host-local's own flock on `<dataDir>/<network>/lock`.
+"""host-local IPAM's reservations: `<dataDir>/<network>/<ip>` holding `<containerID>\\r\\n<ifname>` (older
+plugins: just the container ID), created once with O_EXCL and never rewritten, guarded by host-local's flock
+on `<dataDir>/<network>/lock` (held only while it allocates or releases).
 
-Every access goes through directory fds with O_NOFOLLOW; a reservation is removed only while holding
-host-local's lock and only when its content names the container being cleaned.
+Directories are reached the way host-local reaches them (symlinks followed, as Go's os.Open does); the
+reservation files themselves are opened with O_NOFOLLOW. Two configured paths that reach one directory are
+one directory (judged by device and inode), locked once. A reservation is removed only while holding
+host-local's lock, and only when it is the very file the claims (claims.py) say is the dead life's own.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import stat
 from contextlib import ExitStack, contextmanager
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
 from cni_reaper.errors import TRY_AGAIN_LATER, CniError
+from cni_reaper.reap import probes
 from cni_reaper.state.locking import flock_within
 
 LOCK_NAME = "lock"
-MAX_CONTENT = 4096
 
 
-def _open_dir(path: str, dir_fd: int | None = None) -> int | None:
-    try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
+class Reservation:
+    __slots__ = ("data_dir", "ident", "ip", "network", "owner")
+
+    def __init__(self, data_dir: str, network: str, ip: str, owner: tuple[str, str], ident: tuple[int, int, int]) -> None:
+        self.data_dir, self.network, self.ip, self.owner, self.ident = data_dir, network, ip, owner, ident
+
+    def __repr__(self) -> str:
+        return f"{self.data_dir}/{self.network}/{self.ip} ({self.owner[0]} {self.owner[1]})"
 
 
 class NetworkDir:
-    """One network's reservation directory, opened once."""
+    """One network's reservation directory, opened once (None `fd`: there is none)."""
 
     def __init__(self, data_dir: str, network: str) -> None:
-        self.network = network
-        self.fd: int | None = None
-        root = _open_dir(data_dir)
-        if root is not None:
-            try:
-                self.fd = _open_dir(network, dir_fd=root)
-            finally:
-                os.close(root)
+        self.data_dir, self.network = data_dir, network
+        self.fd = probes.open_network_dir(data_dir, network)
+        self.ident: tuple[int, int] | None = None
+        if self.fd is not None:
+            st = os.fstat(self.fd)
+            self.ident = (st.st_dev, st.st_ino)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -45,7 +51,7 @@ class NetworkDir:
             self.fd = None
 
     @contextmanager
-    def locked(self, timeout: float):
+    def locked(self, timeout: float) -> Iterator[NetworkDir]:
         """Hold host-local's lock for this network (nothing to hold when the directory does not exist)."""
         if self.fd is None:
             yield self
@@ -53,77 +59,83 @@ class NetworkDir:
         try:
             lfd = os.open(LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
         except OSError as exc:
-            raise CniError(TRY_AGAIN_LATER,
-                           f"cannot open host-local lock of network {self.network}: {exc.strerror}") from None
+            raise CniError(TRY_AGAIN_LATER, f"cannot open host-local's lock of {self.data_dir}/{self.network}: "
+                           f"{exc.strerror}") from None
         try:
             if not flock_within(lfd, timeout):
-                raise CniError(TRY_AGAIN_LATER, f"host-local's lock of network {self.network} is held",
+                raise CniError(TRY_AGAIN_LATER, f"host-local's lock of {self.data_dir}/{self.network} is held",
                                f"waited {timeout:g}s; retry")
             yield self
         finally:
             os.close(lfd)
 
-    def owner(self, ip: str) -> tuple[str, str] | None:
-        """(containerID, ifname) that reserved `ip`, or None when not reserved (or not a plain file)."""
+    def get(self, ip: str) -> Reservation | None:
         if self.fd is None:
             return None
-        try:
-            fd = os.open(ip, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.fd)
-        except OSError:
+        found = probes.read_reservation(self.fd, ip)
+        if found is None:
             return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            content = os.read(fd, MAX_CONTENT).decode(errors="replace")
-        finally:
-            os.close(fd)
-        lines = content.replace("\r\n", "\n").split("\n")
-        return lines[0].strip(), (lines[1].strip() if len(lines) > 1 else "")
+        ino, mtime, ctime = found[1]["ino"], found[1]["mtime"], found[1]["ctime"]
+        return Reservation(self.data_dir, self.network, ip, found[0], (ino, mtime, ctime))
 
-    def reservations(self) -> dict[str, tuple[str, str]]:
-        out: dict[str, tuple[str, str]] = {}
+    def all(self) -> list[Reservation]:
+        """Every reservation (files named by an address)."""
         if self.fd is None:
-            return out
-        for name in os.listdir(self.fd):
-            try:
-                ipaddress.ip_address(name)
-            except ValueError:
-                continue
-            who = self.owner(name)
-            if who is not None:
-                out[name] = who
+            return []
+        out = []
+        for name in sorted(os.listdir(self.fd)):
+            if (":" in name or name[:1].isdigit()) and _is_address(name):
+                r = self.get(name)
+                if r is not None:
+                    out.append(r)
         return out
 
-    def would_release(self, ip: str, container_id: str, ifname: str) -> bool:
-        who = self.owner(ip)  # an empty ifname (an orphan known only by its tags) matches any
-        return who is not None and who[0] == container_id and (not who[1] or not ifname or who[1] == ifname)
-
-    def release(self, ip: str, container_id: str, ifname: str) -> bool:
-        """Remove the reservation of `ip` if it names this container (and ifname, where recorded)."""
-        if not self.would_release(ip, container_id, ifname):
+    def release(self, r: Reservation) -> bool:
+        """Remove reservation `r` if the file is still the one that was read (same inode and times)."""
+        now = self.get(r.ip)
+        if self.fd is None or now is None or now.ident != r.ident or now.owner != r.owner:
             return False
         try:
-            os.unlink(ip, dir_fd=self.fd)
+            os.unlink(r.ip, dir_fd=self.fd)
         except FileNotFoundError:
             return False
         return True
 
 
-@contextmanager
-def locked_networks(data_dir: str, networks: list[str], timeout: float):
-    """Open and lock several networks' directories, always in name order (one lock order for everyone)."""
-    with ExitStack() as stack:
-        dirs: dict[str, NetworkDir] = {}
-        for name in sorted(set(networks)):
-            d = NetworkDir(data_dir, name)
-            stack.callback(d.close)
-            stack.enter_context(d.locked(timeout))
-            dirs[name] = d
-        yield dirs
+def _is_address(name: str) -> bool:
+    from cni_reaper.cni.ipaddr import parse_ip
+
+    try:
+        parse_ip(name)
+        return True
+    except ValueError:
+        return False
 
 
-def all_network_names(data_dir: str) -> list[str]:
+def networks_in(data_dir: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir(data_dir) if os.path.isdir(os.path.join(data_dir, n)))
     except OSError:
         return []
+
+
+@contextmanager
+def locked_dirs(pairs: Iterable[tuple[str, str]], timeout: float) -> Iterator[dict[tuple[str, str], NetworkDir]]:
+    """Open and lock the (dataDir, network) directories, in one order for everyone (by the data dir's real path,
+    then network);
+    a directory reached by two paths is locked once and answers for both."""
+    with ExitStack() as stack:
+        out: dict[tuple[str, str], NetworkDir] = {}
+        seen: dict[tuple[int, int], NetworkDir] = {}
+        for data_dir, network in sorted(set(pairs), key=lambda p: (os.path.realpath(p[0]), p[1])):
+            d = NetworkDir(data_dir, network)
+            if d.ident is not None and d.ident in seen:
+                d.close()
+                out[(data_dir, network)] = seen[d.ident]
+                continue
+            stack.callback(d.close)
+            stack.enter_context(d.locked(timeout))
+            if d.ident is not None:
+                seen[d.ident] = d
+            out[(data_dir, network)] = d
+        yield out

@@ -1,212 +1,341 @@
-"""The sweep: which records are stale, which targets they give, and when records settle. Every verb (ADD,
-CHECK, DEL, STATUS, GC) and the CLI go through here; cleanup.py only removes a given set of targets.
+"""The sweep, in stages: select (which records, judged how, what they hold) -> targets (the dead lives, with
+their own settings) -> clean (cleanup.py) -> settle (drop what is verified gone, trim earlier lives, count).
+Every verb (ADD, CHECK, DEL, STATUS, GC) and the CLI go through here; GC and the CLI hand in their own
+records and verdicts, the verbs let the index say what is stale.
 
-Split so that the common case costs next to nothing: reading the records (json only) and one stat per record
-(plus one per tombstone) decide whether anything is stale (`sweep_quietly`); only then is the clean-up
-machinery (planning, netfilter backends) imported and run (`sweep`).
+The common case costs next to nothing: the index (one small file) and a stat or two per record decide
+that nothing is stale (`sweep_quietly`); only then are records read and the clean-up machinery imported.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
-TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
-    from typing import Callable
+    from typing import Any
 
-    from cni_reaper.reap.cleanup import Outcome
+    from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
+    from cni_reaper.state.index import Entry
+    from cni_reaper.state.store import Store
 
-from cni_reaper import jsonio, log
-from cni_reaper.reap import netns
-from cni_reaper.reap.states import DONE, LIVE, SWEEPABLE, WAIT, classify, classify_entry
-from cni_reaper.state.record import ips, key
+from cni_reaper import log
+from cni_reaper.reap import cache, probes
+from cni_reaper.reap.evidence import (
+    DEAD,
+    DONE,
+    HOLDING,
+    LIVE,
+    SWEEPABLE,
+    UNKNOWN,
+    Facts,
+    View,
+    judge_life,
+    judge_tombstone,
+)
+from cni_reaper.state.record import ips, key, parse_time
+
+Key = tuple[str, str, str]  # (network, container ID, ifname)
 
 
-# -- targets: which lives of which attachments are to be cleaned -------------------------------------
-def earlier_target(record: dict) -> Target:
-    """The addresses of a record's earlier lives that its current life does not hold."""
-    from cni_reaper.reap.targets import Target
+class Settings:
+    """The settings a record is cleaned with: its own (recorded with it), or its network's."""
 
-    old = ips(*record["earlier"]) - ips(record["current"])
-    return Target(*key(record), frozenset(old), whole=False)
+    __slots__ = ("backend", "cache_dir", "ipam_dir")
+
+    def __init__(self, ipam_dir: str, cache_dir: str, backend: str) -> None:
+        self.ipam_dir, self.cache_dir, self.backend = ipam_dir, cache_dir, backend
+
+    @classmethod
+    def of_conf(cls, conf: Any) -> Settings:
+        return cls(conf.ipamDataDir, conf.cniCacheDir, conf.backend)
 
 
-def dead_target(record: dict, keep_masq_chain: bool = False, parts: Iterable[str] | None = None) -> Target:
-    """Every life of a record, the attachment wholly dead."""
+def settings_of(record: dict[str, Any], confs: dict[str, Any]) -> Settings | None:
+    """A record's settings: recorded with it; for a record of cni-reaper 0.2, its network's configuration
+    when the sweep has it (None: this sweep must leave the record to a sweep that knows its network)."""
+    s = record["settings"]
+    if s is not None:
+        return Settings(s["ipamDataDir"], s["cniCacheDir"], s["backend"])
+    conf = confs.get(record["network"])
+    return Settings.of_conf(conf) if conf is not None else None
+
+
+# -- judging ----------------------------------------------------------------------------------------
+def judge_record(record: dict[str, Any], view: View, cache_dir: str) -> tuple[str, str]:
+    f = Facts.of_life(record["current"])
+    dead = record["deleted"]
+    if dead is None:
+        return judge_life(f, view)
+    cached_now = cache.exists(cache_dir, *key(record))
+    return judge_tombstone(f, parse_time(dead["at"]), dead["cached"], cached_now, view)
+
+
+def judge_entry(e: Entry, view: View, cache_dir: str) -> str:
+    f = Facts.of_entry(e)
+    if e.deleted_at is None:
+        return judge_life(f, view)[0]
+    return judge_tombstone(f, e.deleted_at, e.cached, cache.exists(e.cache_dir or cache_dir, *e.key), view)[0]
+
+
+class Judged:
+    """A record and what was judged of it (and of each of its earlier lives)."""
+
+    __slots__ = ("earlier", "record", "settings", "state", "why")
+
+    def __init__(self, record: dict[str, Any], state: str, why: str, settings: Settings | None,
+                 earlier: list[tuple[str, str]]) -> None:
+        self.record, self.state, self.why, self.settings, self.earlier = record, state, why, settings, earlier
+
+    @property
+    def key(self) -> Key:
+        return key(self.record)
+
+
+class Selection:
+    """What a sweep works on: the judged records it may act on, what every record holds (key -> addresses of
+    the lives that are not dead: protected), extra targets with no record (orphans, GC's), and the view."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self.judged: list[Judged] = []
+        self.holders: dict[Key, set[str]] = {}
+        self.extra: list[Target] = []
+        self.data_dirs: list[str] = []
+
+    def hold(self, k: Key, addresses: set[str]) -> None:
+        self.holders.setdefault(k, set()).update(addresses)
+
+
+def _judge(sel: Selection, r: dict[str, Any], confs: dict[str, Any], default: Any, exclude: frozenset,
+           verdict: tuple[str, str] | None) -> Judged:
+    """Judge one record, and note what it holds: the addresses of each of its lives that is not dead (all of
+    them while the record is unknown or its DEL is running; the current ones of the DEL's own record)."""
+    k = key(r)
+    s = settings_of(r, confs)
+    state, why = verdict or judge_record(r, sel.view, (s or Settings.of_conf(default)).cache_dir)
+    earlier = [judge_life(Facts.of_life(inc), sel.view) for inc in r["earlier"]]
+    if state in HOLDING or k in exclude:
+        sel.hold(k, ips(r["current"]))
+    for inc, (st, _) in zip(r["earlier"], earlier):
+        if st != DEAD or state in HOLDING:
+            sel.hold(k, ips(inc))
+    if state == UNKNOWN:
+        sel.view.note(why)
+    if s is not None:
+        sel.data_dirs.append(s.ipam_dir)
+    return Judged(r, state, why, s, earlier)
+
+
+def select(records: Iterable[dict[str, Any]], view: View, confs: dict[str, Any], default: Any,
+           exclude: frozenset = frozenset(), only_network: str | None = None,
+           verdicts: dict[Key, tuple[str, str]] | None = None) -> Selection:
+    """Judge `records` (or take `verdicts` for them: GC's). `confs`: network -> its configuration, for
+    records that carry no settings; `default`: the caller's configuration (its data dir is looked at too)."""
+    sel = Selection(view)
+    records = list(records)
+    for r in records:
+        view.learn(Facts.of_life(r["current"]))
+    for r in records:
+        j = _judge(sel, r, confs, default, exclude, (verdicts or {}).get(key(r)))
+        if j.key in exclude or (only_network and r["network"] != only_network):
+            continue
+        if j.settings is None:
+            if j.state in SWEEPABLE or j.record["earlier"]:
+                view.note(f"a record of cni-reaper 0.2 of network {r['network']} waits for a sweep that knows "
+                          "that network's settings")
+            continue
+        sel.judged.append(j)
+    sel.data_dirs.append(default.ipamDataDir)
+    return sel
+
+
+def select_indexed(store: Store, view: View, conf: Any, exclude: frozenset = frozenset()) -> Selection:
+    """The selection of a verb's sweep from the index: records are read only when the index says they are
+    to be cleaned, have earlier lives, or cannot be judged (what they hold must be known whole)."""
+    sel = Selection(view)
+    entries = store.entries()
+    for e in entries.values():
+        view.learn(Facts.of_entry(e))
+    wanted = []
+    for name, e in entries.items():
+        state = judge_entry(e, view, conf.cniCacheDir)
+        if (state in HOLDING or e.key in exclude) and not (e.earlier or state == UNKNOWN):
+            sel.hold(e.key, set(e.ips))
+        elif state in SWEEPABLE or e.earlier or state == UNKNOWN:
+            wanted.append(name)
+    records = [r for r in (store.load_named(n) for n in wanted) if r is not None]
+    for r in records:
+        j = _judge(sel, r, {conf.name: conf}, conf, exclude, None)
+        if j.key not in exclude and j.settings is not None:
+            sel.judged.append(j)
+    sel.data_dirs.append(conf.ipamDataDir)
+    return sel
+
+
+# -- targets ------------------------------------------------------------------------------------------
+def _expect(life: dict[str, Any], record: dict[str, Any], s: Settings, view: View) -> dict[str, Any]:
+    """What each address of a life expects its own reservation to be (targets.Expect)."""
+    from cni_reaper.reap.targets import Expect
+
+    out = {}
+    host = life.get("host")
+    rebooted = host is not None and host["boot"] != view.host.boot
+    owner = (record["containerID"], record["ifname"])
+    for ip in life["ips"]:
+        r = ip.get("reservation")
+        if r is not None:
+            out[ip["address"]] = Expect(r["dataDir"], owner, (r["ino"], r["mtime"], r["ctime"]), dev=r["dev"],
+                                        rebooted=rebooted)
+        elif host is None:  # recorded by cni-reaper 0.2: a reservation naming it, older than the life
+            out[ip["address"]] = Expect(s.ipam_dir, owner, not_after=int(parse_time(life["createdAt"]) * 1e9))
+    return out
+
+
+def _forming(life: dict[str, Any]) -> bool:
+    """Its path holds a namespace other than its own and no reservation was recorded for it (so none can tell
+    whether a new life of its container is being made there)."""
+    if life.get("host") is None or any(ip.get("reservation") for ip in life["ips"]):
+        return False
+    return probes.netns_id(life["netns"]) is not None
+
+
+def dead_target(j: Judged, view: View, keep_masq_chain: bool = False, parts: Iterable[str] | None = None,
+                lives: list[dict[str, Any]] | None = None) -> Target:
+    """The dead lives of a record (all of them by default; the current one and the earlier ones judged dead)."""
     from cni_reaper.reap.targets import PARTS, Target
 
-    return Target(*key(record), frozenset(ips(record["current"], *record["earlier"])), whole=True,
-                  keep_masq_chain=keep_masq_chain, parts=frozenset(parts) if parts is not None else PARTS)
+    r, s = j.record, j.settings
+    assert s is not None
+    if lives is None:
+        lives = [r["current"]] + [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st == DEAD]
+    expect: dict[str, Any] = {}
+    for life in reversed(lives):  # the newest life's expectation wins for an address two lives held
+        expect.update(_expect(life, r, s, view))
+    whole = len(lives) == 1 + len(r["earlier"])
+    return Target(*key(r), frozenset(ips(*lives)), whole=whole, keep_masq_chain=keep_masq_chain,
+                  parts=frozenset(parts) if parts is not None else PARTS, expect=expect, backend=s.backend,
+                  cache_dir=s.cache_dir, forming=_forming(r["current"]) and r["deleted"] is None)
 
 
-def targets_for(record: dict, state: str) -> list[Target]:
-    """What of a record's lives is to be cleaned, given its state."""
-    if state == WAIT:
-        return []
-    if state == LIVE:
-        return [earlier_target(record)] if record["earlier"] else []
-    return [dead_target(record)]
+def earlier_target(j: Judged, view: View) -> Target | None:
+    """The addresses of a live record's earlier lives that are judged dead and that its current life does not hold."""
+    from cni_reaper.reap.targets import PARTS, Target
+
+    r, s = j.record, j.settings
+    assert s is not None
+    dead = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st == DEAD]
+    old = ips(*dead) - ips(r["current"])
+    if not old:
+        return None
+    expect: dict[str, Any] = {}
+    for life in reversed(dead):
+        expect.update({a: e for a, e in _expect(life, r, s, view).items() if a in old})
+    return Target(*key(r), frozenset(old), whole=False, parts=PARTS, expect=expect, backend=s.backend,
+                  cache_dir=s.cache_dir)
 
 
-# -- what cni-reaper never recorded: found by the plugins' own tags ---------------------------------
-def tagged_in_tables(backend_name: str) -> dict[tuple[str, str], set[str]]:
-    """(network, container ID) of every attachment tagged in the nat tables of both families and in the
-    plugins' native nftables tables, with the source IPs of its masquerade rules."""
-    from cni_reaper.reap.netfilter.interface import BackendError
-    from cni_reaper.reap.netfilter.iptables.plan import tagged_networks
-    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
-    from cni_reaper.reap.netfilter.nftables.plan import tagged_natively
-    from cni_reaper.reap.netfilter.select import select
-
-    found: dict[tuple[str, str], set[str]] = {}
-    for owner, addresses in tagged_natively(NftBackend().read()).items():
-        found.setdefault(owner, set()).update(addresses)
-    for family in (4, 6):
-        try:
-            backend = select(backend_name, family)
-        except BackendError:
-            if family == 4:
-                raise
-            continue  # no ip6tables: no IPv6 rules
-        for owner, addresses in tagged_networks(backend.read(family)).items():
-            found.setdefault(owner, set()).update(addresses)
-    return found
+def targets_of(sel: Selection) -> list[Target]:
+    out: list[Target] = list(sel.extra)
+    for j in sel.judged:
+        if j.state in SWEEPABLE and not (j.state == DONE and not (j.record["deleted"] or {}).get("verify", True)):
+            out.append(dead_target(j, sel.view))
+        elif j.state == LIVE and j.record["earlier"]:
+            t = earlier_target(j, sel.view)
+            if t is not None:
+                out.append(t)
+    return out
 
 
-def orphan_targets(conf, recorded: set[tuple[str, str]], still_used: Callable[[str, str], bool],
-                   only_network: str | None = None) -> list[Target]:
-    """Attachments with rules tagged for them that cni-reaper has no record of (leaks from before it was
-    installed) and that `still_used(network, container ID)` does not claim. GC asks the runtime's valid list;
-    the CLI asks libcni's cache whether a live netns is behind it. A table that cannot be read is logged."""
-    from cni_reaper.reap.netfilter.interface import BackendError
-    from cni_reaper.reap.targets import Target
+# -- the sweep ----------------------------------------------------------------------------------------
+def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False, backend_for: Any = None) -> Outcome:
+    """Clean what the selection's dead lives and extra targets left behind, then settle the records. The
+    caller holds the state lock; `store` None: there are no records (only extra targets)."""
+    from cni_reaper.reap.cleanup import Settings as CleanSettings
+    from cni_reaper.reap.cleanup import clean
+    from cni_reaper.reap.outcome import Outcome
 
-    try:
-        found = tagged_in_tables(conf.backend)
-    except BackendError as exc:
-        log.warn("the tables could not be read; orphans not searched", error=str(exc))
-        return []
-    return [Target(network, cid, "", frozenset(addresses), whole=True, any_source=True)
-            for (network, cid), addresses in sorted(found.items())
-            if (not only_network or network == only_network) and (network, cid) not in recorded
-            and not still_used(network, cid)]
-
-
-def cache_entry_alive(cache_dir: str, network: str, container_id: str) -> bool:
-    """Whether libcni caches an attachment of (network, container ID) whose netns is a live namespace. An
-    entry that cannot be read counts as alive: when in doubt, leave it."""
-    results = os.path.join(cache_dir, "results")
-    try:
-        names = [n for n in os.listdir(results) if n.startswith(f"{network}-{container_id}-")]
-    except OSError:
-        return False
-    for name in names:
-        try:
-            with open(os.path.join(results, name), "rb") as f:
-                data = jsonio.loads(f.read(1 << 20))
-            result = data.get("result") or {}
-            if isinstance(result, str):
-                result = jsonio.loads(result)
-            sandboxes = [i.get("sandbox") for i in result.get("interfaces", []) if isinstance(i, dict) and i.get("sandbox")]
-        except (OSError, ValueError, AttributeError):
-            return True
-        if not sandboxes or any(netns.identity(s) is not None for s in sandboxes):
-            return True
-    return False
-
-
-# -- the sweep ---------------------------------------------------------------------------------------
-def sweep(store, conf, records: list[dict] | None = None, states: dict | None = None,
-          exclude: frozenset = frozenset(), extra: Iterable[Target] = (), only_network: str | None = None,
-          dry_run: bool = False, backend_for=None) -> Outcome:
-    """Clean every dead record, every ready tombstone and every earlier incarnation, and the `extra` targets;
-    then drop the records that were cleaned and trim the earlier lives that were. The caller holds the state
-    lock. Without `records`, the store's index says which records are stale, and only those are read; with
-    them (GC, the CLI), those are the records. `states` (key -> state) may say a record is dead whatever its
-    netns (GC's invalid attachments). Records in `exclude` are neither cleaned nor dropped, and their
-    addresses stay protected; `store` None means there are no records (only `extra`)."""
-    from cni_reaper.reap.cleanup import Outcome, clean
-
-    states = dict(states or {})
-    if records is None:
-        entries = store.index() if store is not None else {}
-        for e in entries.values():
-            states.setdefault((e[1], e[2], e[3]), classify_entry(e, conf.cniCacheDir))
-        live = {(e[1], e[2], e[3]): set(e[10]) for e in entries.values()
-                if states[(e[1], e[2], e[3])] == LIVE or (e[1], e[2], e[3]) in exclude}
-        wanted = [name for name, e in entries.items()
-                  if (e[1], e[2], e[3]) not in exclude and (not only_network or e[1] == only_network)
-                  and (states[(e[1], e[2], e[3])] in SWEEPABLE or (states[(e[1], e[2], e[3])] == LIVE and e[9]))]
-        mine = [r for r in (store.load_named(name) for name in wanted) if r is not None]
-    else:
-        for r in records:
-            states.setdefault(key(r), classify(r, conf.cniCacheDir))
-        live = {key(r): ips(r["current"]) for r in records if states[key(r)] == LIVE or key(r) in exclude}
-        mine = [r for r in records if key(r) not in exclude and (not only_network or r["network"] == only_network)]
-    extra = list(extra)
-    targets: list[Target] = list(extra)
-    for r in mine:
-        targets += targets_for(r, states[key(r)])
-    if not targets:
-        return Outcome()
-    finished = frozenset(k for k, state in states.items() if state == DONE)
+    targets = targets_of(sel)
+    if not targets and not any(j.state in SWEEPABLE for j in sel.judged):
+        out = Outcome()
+        out.unknown = dict(sel.view.blind)
+        return out
     started = time.monotonic()
-    outcome = clean(targets, live, conf, backend_for=backend_for, tombstoned_keys=finished, dry_run=dry_run)
-    if dry_run or store is None:
-        return outcome
-    cleaned: dict[str, int] = {}
-    for r in mine:
-        if key(r) in outcome.failed:
-            continue
-        state = states[key(r)]
-        if state in SWEEPABLE:
-            store.remove(*key(r), sync=False)
-            log.info("record dropped", network=r["network"], containerID=r["containerID"], ifname=r["ifname"],
-                     state=state)
-            if state != DONE or key(r) in outcome.removed:  # a DEL that went well is no dead attachment
-                cleaned[r["network"]] = cleaned.get(r["network"], 0) + 1
-        elif state == LIVE and r["earlier"]:
-            r["earlier"] = []
-            store.save(r)
-    for t in extra:  # attachments with no record (orphans, GC's): cleaned if something of theirs was
-        if t.whole and t.key in outcome.removed and t.key not in outcome.failed:
-            cleaned[t.network] = cleaned.get(t.network, 0) + 1
-    store.sync()
-    from cni_reaper.tools import metrics
-
-    metrics.add(store, outcome, cleaned, time.monotonic() - started)
+    settings = CleanSettings(sel.data_dirs, conf.lockTimeout, backend_for, dry_run)
+    outcome = clean(targets, sel.holders, settings)
+    outcome.unknown = dict(sel.view.blind)
+    if not dry_run and store is not None:
+        settle(store, sel, targets, outcome, time.monotonic() - started)
     return outcome
 
 
-def sweep_quietly(store, conf, exclude: frozenset = frozenset(), extra: list | None = None) -> Outcome | None:
+def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome, seconds: float) -> None:
+    """Drop the records whose leftovers are verified gone, trim the earlier lives that were cleaned, count."""
+    from cni_reaper.state import counters
+
+    cleaned: dict[str, int] = {}
+    for j in sel.judged:
+        k = j.key
+        if k in outcome.kept:
+            continue
+        r = j.record
+        if j.state in SWEEPABLE:
+            store.remove(*k, sync=False)
+            log.info("record dropped", network=k[0], containerID=k[1], ifname=k[2], state=j.state, why=j.why)
+            if j.state != DONE or k in outcome.removed:  # a DEL that went well is no dead attachment
+                cleaned[k[0]] = cleaned.get(k[0], 0) + 1
+        elif j.state == LIVE and r["earlier"]:
+            kept = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
+            if len(kept) != len(r["earlier"]):
+                store.save(dict(r, earlier=kept))
+    for t in sel.extra:  # attachments with no record (orphans, GC's): cleaned if something of theirs was
+        if t.whole and t.key in outcome.removed and t.key not in outcome.kept:
+            cleaned[t.network] = cleaned.get(t.network, 0) + 1
+    store.sync()
+    if outcome.removed or cleaned or outcome.errors:
+        counters.add(store, outcome, cleaned, seconds)
+
+
+# -- the sweep of a verb ----------------------------------------------------------------------------
+def stale(store: Store, conf: Any, view: View, exclude: frozenset = frozenset()) -> tuple[bool, list[Key]]:
+    """From the index alone: (whether any record is to be cleaned, the finished DELs whose records can go
+    without a look at the tables)."""
+    found, done = False, []
+    entries = store.entries()
+    for e in entries.values():
+        if e.deleted_at is None and e.dir is not None:
+            view.learn(Facts.of_entry(e))
+    for e in entries.values():
+        if e.key in exclude:
+            continue
+        state = judge_entry(e, view, conf.cniCacheDir)
+        if state == DONE and not e.verify:
+            done.append(e.key)
+        elif state in SWEEPABLE or (state == LIVE and e.earlier):
+            found = True
+    return found, done
+
+
+def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
+                  view: View | None = None) -> Outcome | None:
     """The sweep of a verb whose own work is done: nothing it meets fails the verb. With nothing stale it
-    costs the state directory's index (store.index(): one small file, one scan) and a stat or two per
-    record, and imports nothing more. Returns the outcome, or None when nothing was stale."""
+    costs the index and a stat or two per record, and imports nothing more. Returns the outcome, or None when
+    nothing was stale."""
     try:
-        entries = store.index()
-        stale_found = False
-        done = []
-        states: dict = {}
-        for entry in list(entries.values()):
-            k = (entry[1], entry[2], entry[3])
-            state = states[k] = classify_entry(entry, conf.cniCacheDir)
-            if k in exclude:
-                continue
-            if state == DONE and not entry[8]:  # a finished DEL that needs no look at the tables
-                done.append(k)
-            elif state in SWEEPABLE or (state == LIVE and entry[9]):
-                stale_found = True
+        view = view or View()
+        found, done = stale(store, conf, view, exclude)
         for k in done:
             store.remove(*k, sync=False)
         if done:
             store.sync()
             log.info("records of finished DELs dropped", count=len(done))
-        if not extra and not stale_found:
+        if not extra and not found:
             return None
-        return sweep(store, conf, states=states, exclude=exclude, extra=extra or ())
+        sel = select_indexed(store, view, conf, exclude)
+        sel.extra = list(extra or ())
+        return sweep(store, conf, sel)
     except Exception as exc:  # noqa: BLE001 - a sweep never fails the verb that runs it
         log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         return None

@@ -1,8 +1,19 @@
 """The attachment record as the hot path handles it: a plain dict, exactly the JSON document on disk.
 
 `models.Record` (pydantic) is the schema of that document; tests check that every record the verbs write
-validates against it. Here: building a record from an ADD, keeping earlier lives, and a structural check
-of records read back from disk.
+validates against it. Here: building a record from what an ADD observed (reap/probes.py makes the
+observations; this module only shapes them), keeping earlier lives, tombstones, the one parser of record
+times, and the structural check of records read back from disk.
+
+Writer and reader agree on every limit: the builders cut what they are given to the limits below (and say
+so), `problem()` refuses what is past them, and MAX_RECORD_BYTES is larger than the largest record the
+builders can make (tests/unit/test_state_fuzz.py holds the two together).
+
+Schema 2 adds, per life, what proves it alive or dead (README, "Evidence"): the namespace's change time
+beside its device and inode, the identity of the directory the netns path is in, the host (boot, machine,
+network namespace), the host side of the veth pair, and per address the identity of its host-local
+reservation; per record the settings it is to be cleaned with. Schema 1 records (cni-reaper 0.2) are read
+and carried as they are: what they lack is null, and the judgement treats null as "not known".
 """
 
 from __future__ import annotations
@@ -13,61 +24,143 @@ TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds o
 if TYPE_CHECKING:
     from typing import Any
 
+    Record = dict[str, Any]  # the JSON document, see models.Record
+    Life = dict[str, Any]  # one life of it (an "incarnation": what one ADD set up)
+
 from cni_reaper import __version__
-from cni_reaper.reap import netns
 
-SCHEMA = 1
+SCHEMA = 2
+SCHEMAS = (1, 2)  # what is read
 MAX_EARLIER = 16
-Record = dict  # the JSON document, see models.Record
+MAX_IPS = 16  # addresses recorded per life (an attachment has one or two)
+MAX_PORTS = 1024  # port mappings recorded per life (only informational: DNAT rules are found by their tag)
+MAX_ARGS = 64  # CNI_ARGS pairs (the shell reads no more)
+MAX_ARG_KEY, MAX_ARG_VALUE = 256, 4096
+MAX_TEXT = 4096  # a path or name recorded
+# Larger than any record the builders can make with the limits above (every string escaped to \\uXXXX):
+MAX_RECORD_BYTES = 8 << 20
 
 
-# -- timestamps (ISO 8601 UTC, microseconds; no datetime import on the hot path) ---------------------
+# -- times (ISO 8601 UTC, microseconds; no datetime import on the hot path) ---------------------------
+_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_ZONES = ("", "Z", "+00:00", "-00:00")
+
+
 def iso_now() -> str:
     now = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
 
 
-def iso_to_epoch(text: str) -> float:
-    """Parse what iso_now writes (and what pydantic writes: '...Z' or '+00:00')."""
-    date, _, clock = text.partition("T")
-    y, m, d = (int(x) for x in date.split("-"))
-    clock = clock.rstrip("Z").split("+")[0]
-    hh, mm, ss = clock.split(":")
-    # days from civil (proleptic Gregorian), Howard Hinnant's algorithm
+def parse_time(text: Any) -> float:
+    """Seconds since the epoch of YYYY-MM-DDTHH:MM:SS[.f{1,6}] in UTC (Z, +00:00, -00:00 or no zone), as
+    iso_now() and pydantic write it. The one parser of record times: the check of a record read back
+    (`problem`) and every reader use it, so a time the check lets through is a time every reader reads.
+    ValueError otherwise (checked by hand: `re` costs milliseconds to import)."""
+    if not isinstance(text, str) or len(text) < 19 or not text.isascii():
+        raise ValueError(f"not a record time: {text!r}"[:120])
+    v = text
+    if v[4] != "-" or v[7] != "-" or v[10] != "T" or v[13] != ":" or v[16] != ":":
+        raise ValueError(f"not a record time: {text!r}"[:120])
+    fields = (v[0:4], v[5:7], v[8:10], v[11:13], v[14:16], v[17:19])
+    if not all(f.isdigit() for f in fields):
+        raise ValueError(f"not a record time: {text!r}"[:120])
+    tail, fraction = v[19:], 0.0
+    if tail.startswith("."):
+        n = 1
+        while n < len(tail) and tail[n].isdigit():
+            n += 1
+        if not 2 <= n <= 7:
+            raise ValueError(f"not a record time: {text!r}"[:120])
+        fraction, tail = float(tail[:n]), tail[n:]
+    if tail not in _ZONES:
+        raise ValueError(f"record times are UTC: {text!r}"[:120])
+    y, mo, d, h, mi, sec = (int(f) for f in fields)
+    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+    if not (y > 0 and 1 <= mo <= 12 and 1 <= d <= (_DAYS[mo - 1] if mo != 2 or leap else 28) and h < 24
+            and mi < 60 and sec < 60):
+        raise ValueError(f"not a date: {text!r}"[:120])
+    return _days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec + fraction
+
+
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm)."""
     y -= m <= 2
     era = y // 400
     yoe = y - era * 400
     doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
     doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    days = era * 146097 + doe - 719468
-    return days * 86400 + int(hh) * 3600 + int(mm) * 60 + float(ss)
+    return era * 146097 + doe - 719468
+
+
+def _time_ok(v: Any) -> bool:
+    try:
+        parse_time(v)
+        return True
+    except ValueError:
+        return False
 
 
 # -- building -----------------------------------------------------------------------------------------
-def incarnation(netns_path: str, ips: list[dict], port_mappings: list[dict]) -> dict[str, Any]:
-    ident = netns.identity(netns_path)
+def life(netns_path: str, observed: dict[str, Any], ips: list[dict[str, Any]], port_mappings: list[dict[str, Any]],
+         warnings: list[str] | None = None) -> Life:
+    """One life as an ADD (or an adopting CHECK) records it. `observed`: what reap/probes.observe_life found
+    (netnsId, netnsDir, host, veth; each None when not known); `ips` carry their `reservation` (or None).
+    What is past a limit is cut, with a warning."""
+    warn = warnings if warnings is not None else []
+    if len(ips) > MAX_IPS:
+        warn.append(f"{len(ips)} addresses: only the first {MAX_IPS} recorded")
+    if len(port_mappings) > MAX_PORTS:
+        warn.append(f"{len(port_mappings)} port mappings: only the first {MAX_PORTS} recorded (DNAT rules are "
+                    "found by their owner tag anyway)")
     return {
         "netns": netns_path,
-        "netnsId": {"dev": ident.dev, "ino": ident.ino} if ident else None,
-        "ips": ips,
-        "portMappings": port_mappings,
+        "netnsId": observed.get("netnsId"),
+        "netnsDir": observed.get("netnsDir"),
+        "host": observed.get("host"),
+        "veth": observed.get("veth"),
+        "ips": [dict(ip, reservation=ip.get("reservation")) for ip in ips[:MAX_IPS]],
+        "portMappings": port_mappings[:MAX_PORTS],
         "createdAt": iso_now(),
     }
 
 
-def _ip_set(inc: dict) -> list:
+def settings(ipam_data_dir: str, cni_cache_dir: str, backend: str) -> dict[str, str]:
+    """The settings a record is cleaned with, whichever network's verb runs the sweep."""
+    return {"ipamDataDir": ipam_data_dir, "cniCacheDir": cni_cache_dir, "backend": backend}
+
+
+def _ip_set(inc: Life) -> list:
     return sorted((ip["address"], ip["prefix"], ip["family"]) for ip in inc["ips"])
 
 
-def same_life(a: dict, b: dict) -> bool:
-    """Two incarnations are the same life when netns path, namespace and IPs agree (ports may be re-sent)."""
-    return a["netns"] == b["netns"] and a["netnsId"] == b["netnsId"] and _ip_set(a) == _ip_set(b)
+def _ns_key(inc: Life) -> tuple | None:
+    n = inc.get("netnsId")
+    return (n["dev"], n["ino"], n.get("ctime")) if n else None
 
 
-def merge(existing: Record | None, network: str, container_id: str, ifname: str, current: dict,
-          cni_args: dict[str, str]) -> tuple[Record, bool]:
+def same_life(a: Life, b: Life) -> bool:
+    """Two lives are the same when netns path, namespace (device, inode and, where known, its change time)
+    and IPs agree (ports may be re-sent; a reservation may have been recorded on one and not the other)."""
+    if a["netns"] != b["netns"] or _ip_set(a) != _ip_set(b):
+        return False
+    ka, kb = _ns_key(a), _ns_key(b)
+    if ka is None or kb is None:
+        return ka == kb
+    return ka[:2] == kb[:2] and (ka[2] is None or kb[2] is None or ka[2] == kb[2])
+
+
+def _clip_args(cni_args: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for k, v in list(cni_args.items())[:MAX_ARGS]:
+        if len(k) <= MAX_ARG_KEY and len(v) <= MAX_ARG_VALUE:
+            out[k] = v
+    return out
+
+
+def merge(existing: Record | None, network: str, container_id: str, ifname: str, current: Life,
+          cni_args: dict[str, str], conf_settings: dict[str, str]) -> tuple[Record, bool]:
     """The record after an ADD (or an adopting CHECK). Returns (record, an earlier life was kept)."""
-    earlier: list[dict] = []
+    earlier: list[Life] = []
     kept = False
     if existing is not None:
         earlier = list(existing["earlier"])
@@ -85,72 +178,61 @@ def merge(existing: Record | None, network: str, container_id: str, ifname: str,
         "ifname": ifname,
         "current": current,
         "earlier": earlier[-MAX_EARLIER:],
-        "cniArgs": dict(cni_args),
+        "cniArgs": _clip_args(cni_args),
+        "settings": conf_settings,
         "pluginVersion": __version__,
         "deleted": None,
     }, kept
 
 
-def tombstone(netns_gone: bool, had_prev_result: bool, had_port_mappings: bool, verify: bool) -> dict:
-    """`verify`: whether a sweep must look at the tables once the DEL is over. A DEL that the downstream
-    plugins could do whole (live netns, prevResult and ports given, no earlier life) needs no look: when
-    libcni has dropped its cache entry, every plugin's DEL succeeded."""
+def tombstone(netns_gone: bool, had_prev_result: bool, had_port_mappings: bool, verify: bool,
+              cached: bool | None) -> dict[str, Any]:
+    """What DEL knew when it ran. `verify`: whether a sweep must look at the tables once the DEL is over (a
+    DEL that the downstream plugins could do whole needs no look). `cached`: whether libcni's cache held
+    this attachment when DEL ran (None: not known). Only an entry that was there and is gone proves that
+    the whole chain's DEL succeeded: libcni deletes it then, and only then."""
     return {"at": iso_now(), "netnsGone": netns_gone, "hadPrevResult": had_prev_result,
-            "hadPortMappings": had_port_mappings, "verify": verify}
+            "hadPortMappings": had_port_mappings, "verify": verify, "cached": cached}
 
 
 def key(record: Record) -> tuple[str, str, str]:
     return (record["network"], record["containerID"], record["ifname"])
 
 
-def nsid(inc: dict) -> tuple[int, int] | None:
-    n = inc.get("netnsId")
-    return (n["dev"], n["ino"]) if n else None
-
-
-def ips(*incs: dict) -> set[str]:
+def ips(*incs: Life) -> set[str]:
     return {ip["address"] for inc in incs for ip in inc["ips"]}
+
+
+def upgrade(data: Record) -> Record:
+    """A schema 1 record (checked by problem()) in the shape of schema 2: what it lacks is null."""
+    if data["schema"] == SCHEMA:
+        return data
+    out = dict(data, schema=SCHEMA, settings=None)
+    out["current"] = _upgrade_life(data["current"])
+    out["earlier"] = [_upgrade_life(x) for x in data["earlier"]]
+    if data["deleted"] is not None:
+        out["deleted"] = dict(data["deleted"], cached=None)
+        out["deleted"].setdefault("verify", True)
+    return out
+
+
+def _upgrade_life(inc: Life) -> Life:
+    ns = inc["netnsId"]
+    return dict(inc, netnsId=dict(ns, ctime=None) if ns else None, netnsDir=None, host=None, veth=None,
+                ips=[dict(ip, reservation=None) for ip in inc["ips"]])
 
 
 # -- checking what was read back ----------------------------------------------------------------------
 # models.Record is the schema; this says the same (tests/unit/test_schema.py holds the two together).
-_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 PROTOCOLS = ("tcp", "udp", "sctp")
-_ZONES = ("", "Z", "+00:00", "-00:00")
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _digits(text: str) -> bool:
-    return text.isdigit()  # the caller has checked that the text is ASCII
-
-
-def _time_ok(v: Any) -> bool:
-    """YYYY-MM-DDTHH:MM:SS[.ffffff] in UTC (Z, +00:00 or none), as iso_now() or pydantic write it; checked
-    without `re`, whose import costs milliseconds on every call."""
-    if not isinstance(v, str) or len(v) < 19 or not v.isascii():
-        return False
-    if v[4] != "-" or v[7] != "-" or v[10] != "T" or v[13] != ":" or v[16] != ":":
-        return False
-    fields = (v[0:4], v[5:7], v[8:10], v[11:13], v[14:16], v[17:19])
-    if not all(_digits(f) for f in fields):
-        return False
-    tail = v[19:]
-    if tail.startswith("."):
-        n = 1
-        while n < len(tail) and tail[n].isdigit():
-            n += 1
-        if not 2 <= n <= 7:
-            return False
-        tail = tail[n:]
-    if tail not in _ZONES:
-        return False
-    y, mo, d, h, mi, sec = (int(f) for f in fields)
-    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
-    return (y > 0 and 1 <= mo <= 12 and 1 <= d <= (_DAYS[mo - 1] if mo != 2 or leap else 28) and h < 24
-            and mi < 60 and sec < 60)
+def _text(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= MAX_TEXT
 
 
 def _keys(d: Any, required: frozenset, optional: frozenset = frozenset()) -> bool:
@@ -160,56 +242,121 @@ def _keys(d: Any, required: frozenset, optional: frozenset = frozenset()) -> boo
     return keys == required or (keys >= required and keys <= required | optional)
 
 
-_INCARNATION = frozenset(("netns", "netnsId", "ips", "portMappings", "createdAt"))
+def _ints(d: Any, names: frozenset) -> bool:
+    return _keys(d, names) and all(_is_int(d[n]) for n in names)
+
+
+_LIFE = {1: frozenset(("netns", "netnsId", "ips", "portMappings", "createdAt")),
+         2: frozenset(("netns", "netnsId", "netnsDir", "host", "veth", "ips", "portMappings", "createdAt"))}
 _NETNS_ID = frozenset(("dev", "ino"))
-_IP = frozenset(("address", "prefix", "family"))
+_NETNS_ID2 = frozenset(("dev", "ino", "ctime"))
+_DIR_ID = frozenset(("dev", "ino"))
+_HOST = frozenset(("boot", "machine", "netns"))
+_VETH = frozenset(("name", "ifindex"))
+_IP = {1: frozenset(("address", "prefix", "family")), 2: frozenset(("address", "prefix", "family", "reservation"))}
+_RESERVATION = frozenset(("dataDir", "dev", "ino", "mtime", "ctime"))
 _PORT = frozenset(("hostPort", "containerPort", "protocol", "hostIP"))
-_RECORD = frozenset(("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs", "pluginVersion",
-                     "deleted"))
-_TOMBSTONE = frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings"))
-_TOMBSTONE_OPTIONAL = frozenset(("verify",))
+_RECORD = {1: frozenset(("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs",
+                         "pluginVersion", "deleted")),
+           2: frozenset(("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs", "settings",
+                         "pluginVersion", "deleted"))}
+_SETTINGS = frozenset(("ipamDataDir", "cniCacheDir", "backend"))
+_TOMBSTONE = {1: frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings")),
+              2: frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings", "verify", "cached"))}
+_TOMBSTONE_OPTIONAL = {1: frozenset(("verify",)), 2: frozenset()}
 
 
-def _incarnation_problem(inc: Any) -> str | None:
-    if not _keys(inc, _INCARNATION):
-        return "incarnation: not an object with exactly netns, netnsId, ips, portMappings, createdAt"
-    if not isinstance(inc["netns"], str) or not _time_ok(inc["createdAt"]):
-        return "incarnation: bad netns or createdAt"
-    ns = inc["netnsId"]
-    if ns is not None and not (_keys(ns, _NETNS_ID) and _is_int(ns["dev"]) and _is_int(ns["ino"])):
-        return "incarnation: bad netnsId"
-    if not isinstance(inc["ips"], list) or not all(
-            _keys(ip, _IP) and isinstance(ip["address"], str) and _is_int(ip["prefix"])
-            and 0 <= ip["prefix"] <= 128 and _is_int(ip["family"]) and ip["family"] in (4, 6) for ip in inc["ips"]):
-        return "incarnation: bad ips entry"
-    if not isinstance(inc["portMappings"], list) or not all(
-            _keys(p, _PORT) and _is_int(p["hostPort"])
-            and 1 <= p["hostPort"] <= 65535 and _is_int(p["containerPort"]) and 1 <= p["containerPort"] <= 65535
-            and p["protocol"] in PROTOCOLS and isinstance(p["hostIP"], str) for p in inc["portMappings"]):
-        return "incarnation: bad portMappings entry"
+def _netns_id_problem(ns: Any, schema: int) -> bool:
+    if ns is None:
+        return False
+    if schema == 1:
+        return not _ints(ns, _NETNS_ID)
+    return not (_keys(ns, _NETNS_ID2) and _is_int(ns["dev"]) and _is_int(ns["ino"])
+                and (ns["ctime"] is None or _is_int(ns["ctime"])))
+
+
+def _evidence_problem(inc: dict[str, Any]) -> bool:
+    """Whether the schema 2 fields of a life are malformed."""
+    d, host, veth = inc["netnsDir"], inc["host"], inc["veth"]
+    if d is not None and not _ints(d, _DIR_ID):
+        return True
+    if host is not None and not (_keys(host, _HOST) and _text(host["boot"]) and _text(host["machine"])
+                                 and _is_int(host["netns"])):
+        return True
+    return veth is not None and not (_keys(veth, _VETH) and _text(veth["name"]) and _is_int(veth["ifindex"]))
+
+
+def _ip_problem(ip: Any, schema: int) -> bool:
+    if not (_keys(ip, _IP[schema]) and isinstance(ip["address"], str) and len(ip["address"]) <= 64
+            and _is_int(ip["prefix"]) and 0 <= ip["prefix"] <= 128 and _is_int(ip["family"]) and ip["family"] in (4, 6)):
+        return True
+    r = ip.get("reservation")
+    return r is not None and not (_keys(r, _RESERVATION) and _text(r["dataDir"])
+                                  and all(_is_int(r[k]) for k in ("dev", "ino", "mtime", "ctime")))
+
+
+def _port_ok(p: Any) -> bool:
+    return (_keys(p, _PORT) and _is_int(p["hostPort"]) and 1 <= p["hostPort"] <= 65535 and _is_int(p["containerPort"])
+            and 1 <= p["containerPort"] <= 65535 and p["protocol"] in PROTOCOLS and isinstance(p["hostIP"], str)
+            and len(p["hostIP"]) <= 64)
+
+
+def _life_problem(inc: Any, schema: int) -> str | None:
+    if not _keys(inc, _LIFE[schema]):
+        return "life: not an object with exactly the keys of its schema"
+    if not _text(inc["netns"]) or not _time_ok(inc["createdAt"]):
+        return "life: bad netns or createdAt"
+    if _netns_id_problem(inc["netnsId"], schema):
+        return "life: bad netnsId"
+    if schema == 2 and _evidence_problem(inc):
+        return "life: bad netnsDir, host or veth"
+    if not isinstance(inc["ips"], list) or len(inc["ips"]) > MAX_IPS or any(_ip_problem(ip, schema) for ip in inc["ips"]):
+        return f"life: bad ips (at most {MAX_IPS})"
+    ports = inc["portMappings"]
+    if not isinstance(ports, list) or len(ports) > MAX_PORTS or not all(_port_ok(p) for p in ports):
+        return f"life: bad portMappings (at most {MAX_PORTS})"
     return None
 
 
-def problem(data: Any) -> str | None:
-    """Why `data` is not a record (None when it is one): what models.Record says, in plain Python."""
-    if not _keys(data, _RECORD):
-        return "not an object with exactly the record's keys"
-    if not _is_int(data["schema"]) or data["schema"] != SCHEMA:
-        return f"schema {data['schema']!r} is not {SCHEMA}"
-    if not all(isinstance(data[k], str) for k in ("network", "containerID", "ifname", "pluginVersion")):
+def _head_problem(data: dict[str, Any], schema: int) -> str | None:
+    if not all(_text(data[k]) for k in ("network", "containerID", "ifname", "pluginVersion")):
         return "network, containerID, ifname and pluginVersion must be strings"
     if not isinstance(data["earlier"], list) or len(data["earlier"]) > MAX_EARLIER:
-        return f"earlier must be a list of at most {MAX_EARLIER} incarnations"
+        return f"earlier must be a list of at most {MAX_EARLIER} lives"
+    args = data["cniArgs"]
+    if not isinstance(args, dict) or len(args) > MAX_ARGS or not all(
+            isinstance(v, str) and len(k) <= MAX_ARG_KEY and len(v) <= MAX_ARG_VALUE for k, v in args.items()):
+        return "cniArgs must map strings to strings (within the limits)"
+    if schema == 2:
+        s = data["settings"]
+        if s is not None and not (_keys(s, _SETTINGS) and all(_text(s[k]) for k in _SETTINGS)):
+            return "bad settings"
+    return None
+
+
+def _tombstone_problem(dead: Any, schema: int) -> bool:
+    if dead is None:
+        return False
+    if not (_keys(dead, _TOMBSTONE[schema], _TOMBSTONE_OPTIONAL[schema]) and _time_ok(dead["at"])):
+        return True
+    return not all(isinstance(v, bool) or (k == "cached" and v is None) for k, v in dead.items() if k != "at")
+
+
+def problem(data: Any) -> str | None:
+    """Why `data` is not a record (None when it is one): what models.Record (schema 2) and models.RecordV1 say,
+    in plain Python."""
+    if not isinstance(data, dict) or not _is_int(data.get("schema")) or data["schema"] not in SCHEMAS:
+        return f"not a record of schema {' or '.join(map(str, SCHEMAS))}"
+    schema = data["schema"]
+    if not _keys(data, _RECORD[schema]):
+        return "not an object with exactly the record's keys"
+    head = _head_problem(data, schema)
+    if head:
+        return head
     for inc in [data["current"], *data["earlier"]]:
-        err = _incarnation_problem(inc)
+        err = _life_problem(inc, schema)
         if err:
             return err
-    args = data["cniArgs"]
-    if not isinstance(args, dict) or not all(isinstance(v, str) for v in args.values()):
-        return "cniArgs must map strings to strings"
-    dead = data["deleted"]
-    if dead is not None and not (
-            _keys(dead, _TOMBSTONE, _TOMBSTONE_OPTIONAL) and _time_ok(dead["at"])
-            and all(isinstance(v, bool) for k, v in dead.items() if k != "at")):
+    if _tombstone_problem(data["deleted"], schema):
         return "bad tombstone"
     return None

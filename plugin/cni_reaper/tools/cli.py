@@ -13,7 +13,8 @@ them, --network picks one. With no such conflist, the defaults (and flags) are u
 
 Exit codes: 0 clean (nothing to remove, or everything removed), 1 error, 2 usage,
 3 a dry run found something to remove (run again with --apply), 4 --apply left something it could not remove,
-5 doctor found a FAIL.
+5 doctor found a FAIL, 6 something could not be judged: part of the host is hidden from this process (what,
+and how to fix it, on stderr); nothing that depends on it was removed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 from cni_reaper import PLUGIN_NAME, __version__, log
 from cni_reaper.errors import CniError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_LEFT, EXIT_DOCTOR = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_LEFT, EXIT_DOCTOR, EXIT_BLIND = 0, 1, 2, 3, 4, 5, 6
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"  # Nomad's client cni_path default, then Debian's plugins
 
 
@@ -55,7 +56,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     top = _Parser(prog=PLUGIN_NAME, description="Reap the netfilter rules and IP reservations of dead CNI attachments.",
                   epilog="Exit codes: 0 clean, 1 error, 2 usage, 3 dry run found something, 4 --apply left something, "
-                         "5 doctor found a FAIL. As a CNI plugin it is run by the runtime with CNI_COMMAND set.")
+                         "5 doctor found a FAIL, 6 something could not be judged (part of the host is hidden from "
+                         "this process). As a CNI plugin it is run by the runtime with CNI_COMMAND set.")
     sub = top.add_subparsers(dest="command", metavar="{list,sweep,doctor,metrics,version}", parser_class=_Parser)
     p = sub.add_parser("list", help="every record, and whether it is live, dead or torn down")
     _common(p)
@@ -159,32 +161,49 @@ def _records(state_dir: str) -> list[dict]:
         store.close()
 
 
+def _states(records: list[dict], group: list[Context], view) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """Each record's state and why, judged as the sweep judges it (with its own settings)."""
+    from cni_reaper.reap.evidence import Facts
+    from cni_reaper.reap.sweep import Settings, judge_record, settings_of
+    from cni_reaper.state.record import key
+
+    confs = {c.network: c.conf for c in group if c.network}
+    for r in records:
+        view.learn(Facts.of_life(r["current"]))
+    out = {}
+    for r in records:
+        s = settings_of(r, confs) or Settings.of_conf(group[0].conf)
+        out[key(r)] = judge_record(r, view, s.cache_dir)
+    return out
+
+
 def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-STATE_WORDS = {"live": "live", "dead": "dead", "tombstone-done": "torn down", "tombstone-expired": "torn down (DEL failed)",
-               "tombstone-wait": "torn down (DEL running)"}
+STATE_WORDS = {"live": "live", "dead": "dead", "unknown": "unknown", "tombstone-done": "torn down",
+               "tombstone-expired": "torn down (DEL failed)", "tombstone-wait": "torn down (DEL running)"}
 
 
 def cmd_list(args) -> int:
-    from cni_reaper.reap.states import classify
+    from cni_reaper.reap.evidence import View
+    from cni_reaper.state.record import key
 
     contexts, skipped = _contexts(args)
     items = []
+    view = View()
     for state_dir, group in _by_state_dir(contexts).items():
-        by_network = {c.network: c for c in group}
-        for r in _records(state_dir):
-            if args.network and r["network"] != args.network:
-                continue
-            conf = by_network.get(r["network"], group[0]).conf
+        records = [r for r in _records(state_dir) if not args.network or r["network"] == args.network]
+        states = _states(records, group, view)
+        for r in records:
             cur = r["current"]
+            state, why = states[key(r)]
             items.append({
                 "network": r["network"], "containerID": r["containerID"], "ifname": r["ifname"],
                 "ips": [f"{ip['address']}/{ip['prefix']}" for ip in cur["ips"]],
                 "ports": [f"{p['hostPort']}->{p['containerPort']}/{p['protocol']}" for p in cur["portMappings"]],
-                "netns": cur["netns"], "state": STATE_WORDS[classify(r, conf.cniCacheDir)],
+                "netns": cur["netns"], "state": STATE_WORDS[state], "why": why,
                 "earlierIPs": sorted({f"{ip['address']}/{ip['prefix']}" for inc in r["earlier"] for ip in inc["ips"]}),
                 "createdAt": cur["createdAt"], "stateDir": state_dir,
             })
@@ -198,6 +217,9 @@ def cmd_list(args) -> int:
         rows += [(i["network"], i["containerID"], i["ifname"], ",".join(i["ips"]) or "-",
                   ",".join(i["ports"]) or "-", i["netns"] or "-", i["state"]) for i in items]
         print(_table(rows))
+        for i in items:
+            if i["state"] == "unknown":
+                print(f"{i['containerID']}: cannot be judged: {i['why']}", file=sys.stderr)
     print(backends_line(contexts[0].conf.backend))
     return EXIT_ERROR if skipped else EXIT_OK
 
@@ -213,114 +235,123 @@ def backends_line(backend: str) -> str:
     return "iptables: " + "; ".join(parts)
 
 
-def _orphans(conf, records, only_network):
-    """Tagged attachments with no record whose libcni cache entry names no live netns."""
-    from cni_reaper.reap.sweep import cache_entry_alive, orphan_targets
-
-    return orphan_targets(conf, {(r["network"], r["containerID"]) for r in records},
-                          lambda network, cid: cache_entry_alive(conf.cniCacheDir, network, cid), only_network)
-
-
-def _merge(total, outcome) -> None:
-    for key, items in outcome.removed.items():
-        total.removed.setdefault(key, []).extend(items)
-    total.failed |= outcome.failed
-    total.skipped += outcome.skipped
-    total.errors += outcome.errors
-    total.backends.update(outcome.backends)
-
-
-def _sweep_group(args, group: list[Context], total) -> None:
-    """Sweep the networks of one state directory under its lock: each network with its own configuration;
-    records of networks no conflist names any more with the first one's."""
-    from cni_reaper.reap.sweep import sweep
+def _sweep_group(args, group: list[Context], total, view) -> None:
+    """Sweep the networks of one state directory under its lock: each record with its own settings (a record
+    of cni-reaper 0.2 with its network's conflist, or the first one's when no conflist names its network any
+    more); tagged attachments without a record only where libcni's cache proves them dead."""
+    from cni_reaper.reap import orphans
+    from cni_reaper.reap.sweep import select, sweep
     from cni_reaper.state.store import Store
 
     first = group[0]
-    if not os.path.isdir(first.conf.stateDir):  # no records at all: only orphans can be found
-        for c in group:
-            extra = _orphans(c.conf, [], c.network) if args.orphans else []
-            _merge(total, sweep(None, c.conf, extra=extra, dry_run=not args.apply))
-        return
-    store = Store(first.conf.stateDir, first.conf.lockTimeout).open(create=False)
+    store = None
+    if os.path.isdir(first.conf.stateDir):
+        store = Store(first.conf.stateDir, first.conf.lockTimeout).open(create=False)
     try:
-        with store.locked():
-            records = list(store.records())
+        lock = store.locked() if store is not None else _NoLock()
+        with lock:
+            records = list(store.records()) if store is not None else []
             runs = [(c.conf, c.network) for c in group]
             if first.network is not None and not args.network:
                 named = {c.network for c in group}
                 runs += [(first.conf, n) for n in sorted({r["network"] for r in records} - named)]
+            confs = {n: conf for conf, n in runs if n}
+            recorded = {(r["network"], r["containerID"]) for r in records}
             for conf, network in runs:
-                extra = _orphans(conf, records, network) if args.orphans else []
-                _merge(total, sweep(store, conf, records=records, extra=extra, dry_run=not args.apply,
-                                    only_network=network))
+                sel = select(records, view, confs, conf, only_network=network)
+                if args.orphans:
+                    sel.extra = orphans.proven_dead(conf, recorded, view, network)
+                total.merge(sweep(store, conf, sel, dry_run=not args.apply))
     finally:
-        store.close()
+        if store is not None:
+            store.close()
+
+
+class _NoLock:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
 
 
 def cmd_sweep(args) -> int:
-    from cni_reaper.reap.cleanup import Outcome
+    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.outcome import Outcome
 
     contexts, skipped = _contexts(args)
     log.begin(contexts[0].conf.logFile if args.apply else None, stderr=False, verb="sweep")
     total = Outcome()
+    view = View()
     for group in _by_state_dir(contexts).values():
         if args.apply:
             log.begin(group[0].conf.logFile, stderr=False, verb="sweep")
-        _sweep_group(args, group, total)
+        _sweep_group(args, group, total, view)
+    total.unknown = dict(view.blind)
     groups = {}
     for key, items in total.removed.items():
         groups[f"{key[0]} {key[1]}" + (f" {key[2]}" if key[2] else "")] = items
     count = sum(len(v) for v in groups.values())
-    errors = total.errors
     backends = {f"ipv{f}": name for f, name in sorted(total.backends.items())}
     if args.json:
-        print(json.dumps({"applied": args.apply, "attachments": groups, "count": count, "errors": errors,
-                          "skipped": total.skipped, "backends": backends,
+        print(json.dumps({"applied": args.apply, "attachments": groups, "count": count, "errors": total.errors,
+                          "skipped": total.skipped, "unknown": total.unknown, "backends": backends,
                           "networks": [c.network for c in contexts if c.network]}, indent=1))
     else:
-        verb = "removed" if args.apply else "would remove"
-        for owner, items in groups.items():
-            print(f"{owner}: {verb} {len(items)}")
-            for item in items:
-                print(f"  - {item}")
-        for err in errors:
-            print(f"error: {err}", file=sys.stderr)
-        print(f"{count} item(s) of {len(groups)} attachment(s) {verb}" +
-              ("" if args.apply or not count else "; run again with --apply to remove them"))
-        if backends:
-            print("backends: " + ", ".join(f"{f} {n}" for f, n in backends.items()))
-    if errors:
+        _print_sweep(args, groups, count, total, backends)
+    if total.errors or total.unverified:
         return EXIT_LEFT if args.apply else EXIT_ERROR
     if skipped:
         return EXIT_ERROR
+    if total.unknown:
+        return EXIT_BLIND
     if not args.apply and count:
         return EXIT_FOUND
     return EXIT_OK
 
 
+def _print_sweep(args, groups: dict, count: int, total, backends: dict) -> None:
+    verb = "removed" if args.apply else "would remove"
+    for owner, items in groups.items():
+        print(f"{owner}: {verb} {len(items)}")
+        for item in items:
+            print(f"  - {item}")
+    for err in total.errors:
+        print(f"error: {err}", file=sys.stderr)
+    for why, n in sorted(total.unknown.items()):
+        print(f"cannot judge {n} attachment(s): {why}; nothing that depends on it was removed "
+              "(run where the runtime runs: the host's mount and network namespaces, /proc mounted)", file=sys.stderr)
+    print(f"{count} item(s) of {len(groups)} attachment(s) {verb}" +
+          ("" if args.apply or not count else "; run again with --apply to remove them"))
+    if backends:
+        print("backends: " + ", ".join(f"{f} {n}" for f, n in backends.items()))
+
+
 def cmd_metrics(args) -> int:
-    from cni_reaper.reap.states import DEAD, EXPIRED, LIVE, classify
+    from cni_reaper.reap.evidence import DEAD, EXPIRED, LIVE, UNKNOWN, View
+    from cni_reaper.state.counters import load as load_counters
+    from cni_reaper.state.record import key
     from cni_reaper.state.store import Store
     from cni_reaper.tools import metrics
 
     contexts, skipped = _contexts(args)
     counters: list[dict] = []
     records: dict[tuple[str, str], int] = {}
-    word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead"}
+    word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead", UNKNOWN: "unknown"}
+    view = View()
     for state_dir, group in _by_state_dir(contexts).items():
         if not os.path.isdir(state_dir):
             continue
         store = Store(state_dir).open(create=False, read_only=True)
         try:
-            counters.append(metrics.load(store))
-            by_network = {c.network: c for c in group}
-            for r in store.records():
-                state = classify(r, by_network.get(r["network"], group[0]).conf.cniCacheDir)
-                which = (r["network"], word.get(state, "torn_down"))
-                records[which] = records.get(which, 0) + 1
+            counters.append(load_counters(store))
+            found = list(store.records())
         finally:
             store.close()
+        states = _states(found, group, view)
+        for r in found:
+            which = (r["network"], word.get(states[key(r)][0], "torn_down"))
+            records[which] = records.get(which, 0) + 1
     merged = metrics.merge(counters)
     if args.network:
         for part in ("attachments", "removed", "failures"):
@@ -357,9 +388,7 @@ def cmd_doctor(args) -> int:
         findings += [doctor.check_order(n), doctor.check_capability(n), doctor.check_ipam_dir(n, c.conf)]
         findings += doctor.check_plugins(n, cni_path)
         findings += [doctor.check_state_dir(n.name, c.conf.stateDir), doctor.check_log_file(n.name, c.conf.logFile)]
-    for state_dir, group in _by_state_dir(contexts).items():
-        findings.append(doctor.check_records(state_dir, [c.network or "(defaults)" for c in group],
-                                             group[0].conf.cniCacheDir))
+    findings += _doctor_records(contexts)
     findings += doctor.check_iptables(contexts[0].conf.backend)
     findings.append(doctor.check_nftables())
     failed = any(f.status == doctor.FAIL for f in findings) or skipped
@@ -370,6 +399,22 @@ def cmd_doctor(args) -> int:
             print(f.line())
         print(doctor.summary(findings))
     return EXIT_DOCTOR if failed else EXIT_OK
+
+
+def _doctor_records(contexts: list[Context]) -> list:
+    """doctor's checks of the records: dead ones waiting, and what cannot be judged from here, and why."""
+    from cni_reaper.reap.evidence import View
+    from cni_reaper.tools import doctor
+
+    out = []
+    view = View()
+    for state_dir, group in _by_state_dir(contexts).items():
+        records = _records(state_dir)
+        states = list(_states(records, group, view).values())
+        out.append(doctor.check_records(state_dir, [c.network or "(defaults)" for c in group], states))
+        out += doctor.check_sharing(state_dir, [c for c in group if c.network], records)
+    out += doctor.check_view(view, [c.conf for c in contexts])
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -19,7 +19,6 @@ from cni_reaper.reap.netfilter import flavour
 from cni_reaper.tools.conflists import Network, Scan
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
-DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
 DEFAULT_HOST_LOCAL_DIR = "/var/lib/cni/networks"
 VERSION_TIMEOUT = 5.0
 
@@ -174,30 +173,21 @@ def check_shadowed(n: Network) -> Finding:
 
 # -- the directories cni-reaper writes ---------------------------------------------------------------
 def check_state_dir(network: str, path: str | None) -> Finding:
+    from cni_reaper.state.safedir import MODE, problem
+
     if not path:
         return Finding(FAIL, "state-dir", network, "no usable stateDir", "set stateDir to an absolute path")
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        parent = os.path.dirname(path.rstrip("/")) or "/"
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent) or "/"
-        if os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK):
-            return Finding(OK, "state-dir", network, f"{path} does not exist yet; the first ADD creates it (0700)")
-        return Finding(FAIL, "state-dir", network, f"{path} does not exist and cannot be created under {parent}",
-                       f"create {path} (mode 0700, owned by root) or set stateDir to a writable path")
-    except OSError as exc:
-        return Finding(FAIL, "state-dir", network, f"{path}: {exc.strerror}")
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return Finding(FAIL, "state-dir", network, f"{path} is a symlink or not a directory; cni-reaper refuses it and "
-                       "every ADD fails", "point stateDir at a real directory owned by root")
-    if st.st_uid != 0:
-        return Finding(FAIL, "state-dir", network, f"{path} is owned by uid {st.st_uid}, not root; cni-reaper refuses "
-                       "it and every ADD fails", f"chown root {path}")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        return Finding(WARN, "state-dir", network, f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; the next call "
-                       "sets it to 0700", f"chmod 0700 {path}")
-    return Finding(OK, "state-dir", network, f"{path}: root's, 0700")
+    why = problem(path)
+    if why:
+        return Finding(FAIL, "state-dir", network, f"{why}; cni-reaper refuses it and every ADD fails",
+                       f"make {path} a directory of root's (mode 0700), or set stateDir to one")
+    if not os.path.exists(path):
+        return Finding(OK, "state-dir", network, f"{path} does not exist yet; the first ADD creates it (0700)")
+    mode = stat.S_IMODE(os.lstat(path).st_mode)
+    if mode != MODE:
+        return Finding(WARN, "state-dir", network, f"{path} has mode {mode:04o}; the next call sets it to 0700",
+                       f"chmod 0700 {path}")
+    return Finding(OK, "state-dir", network, f"{path}: ours, 0700")
 
 
 def check_log_file(network: str, path: str) -> Finding:
@@ -221,28 +211,82 @@ def check_log_file(network: str, path: str) -> Finding:
     return Finding(OK, "log-file", network, f"{path} is writable")
 
 
-def check_records(state_dir: str, networks: list[str], cache_dir: str) -> Finding:
-    from cni_reaper.reap.states import DEAD, EXPIRED, LIVE, classify
-    from cni_reaper.state.store import Store
+def check_records(state_dir: str, networks: list[str], states: list[tuple[str, str]]) -> Finding:
+    from cni_reaper.reap.evidence import DEAD, EXPIRED, LIVE, UNKNOWN
 
     label = ", ".join(networks)
     if not os.path.isdir(state_dir):
         return Finding(OK, "dead-records", label, f"no records yet in {state_dir}")
-    try:
-        store = Store(state_dir).open(create=False, read_only=True)
-    except Exception as exc:  # noqa: BLE001 - the state-dir check says why
-        return Finding(WARN, "dead-records", label, f"{state_dir} cannot be read: {getattr(exc, 'msg', exc)}")
-    try:
-        states = [classify(r, cache_dir) for r in store.records()]
-    finally:
-        store.close()
-    dead = sum(s in (DEAD, EXPIRED) for s in states)
-    live = sum(s == LIVE for s in states)
+    dead = sum(s in (DEAD, EXPIRED) for s, _ in states)
+    live = sum(s == LIVE for s, _ in states)
+    unknown = [why for s, why in states if s == UNKNOWN]
+    if unknown:
+        return Finding(WARN, "dead-records", label, f"{len(unknown)} record(s) in {state_dir} cannot be judged from "
+                       f"here: {unknown[0]}", "run doctor and sweeps where the runtime runs (the host's mount and "
+                       "network namespaces, /proc mounted); nothing is removed for what cannot be judged")
     if dead:
         return Finding(WARN, "dead-records", label, f"{dead} dead attachment(s) in {state_dir} wait for a sweep "
                        f"({live} live)", "the next CNI call on this client cleans them, or now: cni-reaper sweep --apply")
     return Finding(OK, "dead-records", label,
                    f"no dead records in {state_dir} ({live} live, {len(states) - live} torn down)")
+
+
+def check_sharing(state_dir: str, contexts: list, records: list[dict]) -> list[Finding]:
+    """Networks that share a state directory with different settings: each record is cleaned with the
+    settings recorded with it; a record of cni-reaper 0.2 has none, and waits for its own network's."""
+    keys = ("ipamDataDir", "cniCacheDir", "backend")
+    seen = {tuple(getattr(c.conf, k) for k in keys) for c in contexts}
+    if len(seen) <= 1:
+        return []
+    legacy = sum(r["settings"] is None for r in records)
+    names = ", ".join(c.network for c in contexts)
+    msg = (f"networks {names} share {state_dir} with different ipamDataDir, cniCacheDir or backend: each record "
+           "is cleaned with its own network's settings, recorded with it")
+    if legacy:
+        return [Finding(WARN, "shared-state", names, msg + f"; {legacy} record(s) of cni-reaper 0.2 carry none and are "
+                        "cleaned only by their own network's calls or a CLI that reads its conflist",
+                        "nothing to do, or give each network its own stateDir")]
+    return [Finding(OK, "shared-state", names, msg)]
+
+
+def check_view(view, confs: list) -> list[Finding]:
+    """What this process sees of the host as the runtime does: /proc, the netns directories of the records,
+    libcni's cache, host-local's directories."""
+    from cni_reaper.reap import cache
+
+    out = []
+    if view.host.problem:
+        out.append(Finding(FAIL, "host-view", "", f"{view.host.problem}: no attachment can be judged",
+                           "mount /proc (run where the runtime runs)"))
+    for why, n in sorted(view.blind.items()):
+        out.append(Finding(WARN, "host-view", "", f"{n} attachment(s) cannot be judged here: {why}",
+                           "run cni-reaper where the runtime runs: the host's mount and network namespaces"))
+    if not out:
+        out.append(Finding(OK, "host-view", "", "/proc and every recorded netns directory are seen as the runtime "
+                           "sees them"))
+    for conf in {c.cniCacheDir: c for c in confs}.values():
+        problem = cache.view(conf.cniCacheDir)
+        if problem:
+            out.append(Finding(WARN, "cni-cache", "", f"{problem}: finished DELs are told only by their netns, and "
+                               "`sweep --orphans` proves no attachment dead", "set cniCacheDir to the runtime's libcni "
+                               "cache directory (Nomad, containerd, Podman: /var/lib/cni)"))
+        else:
+            out.append(Finding(OK, "cni-cache", "", f"libcni's cache {cache.results_dir(conf.cniCacheDir)} is readable"))
+    for conf in confs:
+        out += _symlinked_ipam(conf)
+    return out
+
+
+def _symlinked_ipam(conf) -> list[Finding]:
+    network_dir = os.path.join(conf.ipamDataDir, conf.name)
+    if os.path.islink(network_dir):
+        return [Finding(WARN, "ipam-data-dir", conf.name, f"{network_dir} is a symlink: host-local follows it to reserve "
+                        "but its DEL, CHECK and duplicate check walk only real directories (they find nothing), so "
+                        "its reservations leak", f"make {network_dir} a directory (a symlinked parent is fine)")]
+    if os.path.islink(conf.ipamDataDir.rstrip("/")):
+        return [Finding(OK, "ipam-data-dir", conf.name, f"{conf.ipamDataDir} is a symlink to "
+                        f"{os.path.realpath(conf.ipamDataDir)}; host-local and cni-reaper follow it")]
+    return []
 
 
 # -- the host ----------------------------------------------------------------------------------------

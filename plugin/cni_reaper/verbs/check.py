@@ -3,21 +3,24 @@ Nomad destroys and recreates the allocation's network when CHECK fails."""
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cni_reaper.cni.shell import Invocation
+
 from cni_reaper import log
-from cni_reaper.cni.result import recorded_ips
 from cni_reaper.errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
 from cni_reaper.reap.sweep import sweep_quietly
-from cni_reaper.state.record import incarnation, merge, same_life
+from cni_reaper.state.record import merge, same_life
 from cni_reaper.state.store import Store
+from cni_reaper.verbs.observe import current_life, settings
 
 
-def run(inv):
+def run(inv: Invocation) -> None:
     conf = inv.conf
     if conf.prevResult is None:
         raise CniError(INVALID_CONFIG, "CHECK needs prevResult",
                        "cni-reaper must be chained after an interface-creating plugin")
-    ips = recorded_ips(conf.prevResult, inv.version)
-    current = incarnation(inv.netns, ips, [p.as_dict() for p in conf.portMappings])
+    current = current_life(inv)
     if current["netnsId"] is None:
         raise CniError(UNKNOWN_CONTAINER, f"{inv.netns} is not a network namespace",
                        "the container's network namespace is gone; the runtime should recreate the network")
@@ -26,10 +29,14 @@ def run(inv):
         with store.locked():
             existing = store.load(conf.name, inv.container_id, inv.ifname)
             if existing is not None and existing["deleted"] is None and same_life(existing["current"], current):
+                if existing["settings"] is None:  # a record of cni-reaper 0.2: keep what it proved, add the rest
+                    record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
+                                      inv.args or existing["cniArgs"], settings(conf))
+                    store.save(record)
                 sweep_quietly(store, conf)
                 return None
             record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
-                              inv.args or (existing["cniArgs"] if existing else {}))
+                              inv.args or (existing["cniArgs"] if existing else {}), settings(conf))
             store.save(record)
             if existing is None:
                 log.info("CHECK adopted an attachment that had no record")

@@ -4,15 +4,34 @@ Best effort: DEL never fails because of cni-reaper's own state or clean-up."""
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.cni.shell import Invocation
+    from cni_reaper.reap.targets import Target
+
 from cni_reaper import log
 from cni_reaper.errors import CniError
-from cni_reaper.reap import netns
-from cni_reaper.reap.sweep import dead_target, earlier_target, sweep_quietly
-from cni_reaper.state.record import key, nsid, tombstone
+from cni_reaper.reap import cache, probes
+from cni_reaper.reap.evidence import DEAD, View
+from cni_reaper.state.record import key, tombstone
 from cni_reaper.state.store import Store
 
 
-def immediate_targets(record: dict, inv, conf) -> list:
+def _same_life(record: dict[str, Any], inv: Invocation) -> bool:
+    """This DEL's netns is the recorded path and holds the very namespace recorded."""
+    cur = record["current"]
+    now, rec = probes.netns_id(inv.netns), cur["netnsId"]
+    if now is None or inv.netns != cur["netns"]:
+        return False
+    if rec is None:
+        return True
+    return (now["dev"], now["ino"]) == (rec["dev"], rec["ino"]) and (
+        rec.get("ctime") is None or now["ctime"] is None or now["ctime"] == rec["ctime"])
+
+
+def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> list[Target]:
     """What of this attachment must go now, before the downstream plugins' DEL runs.
 
     - The recorded life is this DEL's netns and it is alive: bridge, firewall and portmap tear it down,
@@ -20,49 +39,67 @@ def immediate_targets(record: dict, inv, conf) -> list:
     - Otherwise (netns gone, CNI_NETNS empty, or another netns than the recorded one): bridge will skip its
       masquerade teardown, so everything of the recorded lives goes; but while CNI_NETNS is a live namespace
       the masquerade chain itself stays (bridge's DEL would fail on a missing chain; measured on 1.1.1).
-    """
-    cur = record["current"]
-    given_alive = netns.identity(inv.netns) is not None
-    same_life = given_alive and inv.netns == cur["netns"] and netns.is_alive(cur["netns"], nsid(cur))
+    Never the reservations: bridge's DEL always has host-local release them (even with no netns), and a
+    reservation released before the firewall plugin's DEL has run could be given to an attachment whose
+    rules that DEL would then delete."""
+    from cni_reaper.reap.sweep import Judged, Settings, dead_target, earlier_target, settings_of
+    from cni_reaper.reap.targets import PARTS
+
+    conf = inv.conf
+    same = _same_life(record, inv)
     parts = set()
-    if same_life:
+    if same:
         if not conf.portMappings:
             parts.add("dnat")
         if conf.prevResult is None:
             parts.add("forward")
-    if same_life and not parts and not record["earlier"]:
+    if same and not parts and not record["earlier"]:
         return []  # the common case: the downstream plugins remove everything; nothing to import
-    if not same_life:
-        return [dead_target(record, keep_masq_chain=given_alive)]
+    from cni_reaper.reap.evidence import Facts, judge_life
+
+    s = settings_of(record, {conf.name: conf}) or Settings.of_conf(conf)
+    earlier = [judge_life(Facts.of_life(inc), view) for inc in record["earlier"]]
+    j = Judged(record, DEAD, "DEL", s, earlier)
+    if not same:
+        lives = [record["current"], *record["earlier"]]
+        return [dead_target(j, view, keep_masq_chain=probes.netns_id(inv.netns) is not None,
+                            parts=PARTS - {"reservation"}, lives=lives)]
     targets = []
     if parts:
-        targets.append(dead_target(record, keep_masq_chain=True, parts=parts))
+        targets.append(dead_target(j, view, keep_masq_chain=True, parts=parts, lives=[record["current"]]))
     if record["earlier"]:
-        targets.append(earlier_target(record))
+        t = earlier_target(j, view)
+        if t is not None:
+            targets.append(t)
     return targets
 
 
-def run(inv):
+def run(inv: Invocation) -> None:
     conf = inv.conf
     if conf.stateDir is None:
         log.warn("DEL has no usable state directory; nothing of this attachment can be looked up")
         return None
     store = Store(conf.stateDir, conf.lockTimeout)
+    view = View()
     try:
         store.open(create=False)
         with store.locked():
             record = store.load(conf.name, inv.container_id, inv.ifname)
-            extra = []
+            extra: list[Target] = []
             if record is None:
                 log.info("no record for this attachment; nothing of it to remove")
             else:
-                extra = immediate_targets(record, inv, conf)
+                extra = immediate_targets(record, inv, view)
                 if record["deleted"] is None:
-                    record["deleted"] = tombstone(netns.identity(inv.netns) is None, conf.prevResult is not None,
-                                                  bool(conf.portMappings), verify=bool(extra))
+                    s = record["settings"] or {"cniCacheDir": conf.cniCacheDir}
+                    record["deleted"] = tombstone(probes.netns_id(inv.netns) is None, conf.prevResult is not None,
+                                                  bool(conf.portMappings), verify=bool(extra),
+                                                  cached=cache.exists(s["cniCacheDir"], *key(record)))
                 store.save(record)
             exclude = frozenset({key(record)}) if record is not None else frozenset()
-            sweep_quietly(store, conf, exclude=exclude, extra=extra)
+            from cni_reaper.reap.sweep import sweep_quietly
+
+            sweep_quietly(store, conf, exclude=exclude, extra=extra, view=view)
     except CniError as err:
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.
         log.warn("DEL could not use the state directory; continuing", error=err.msg, details=err.details)

@@ -5,11 +5,18 @@ networks' dead attachments included, as on every verb."""
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.cni.shell import Invocation
+
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup, pick
-from cni_reaper.reap.states import DEAD, LIVE, classify
-from cni_reaper.reap.sweep import orphan_targets, sweep
+from cni_reaper.reap import orphans
+from cni_reaper.reap.evidence import DEAD, HOLDING, View
+from cni_reaper.reap.sweep import select, sweep
 from cni_reaper.state.record import key
 from cni_reaper.state.store import Store
 
@@ -17,7 +24,7 @@ VALID_KEY = "cni.dev/valid-attachments"
 OLD_KEY = "cni.dev/attachments"  # the name in an earlier text of the spec; libcni sends both
 
 
-def valid_attachments(raw: dict) -> set[tuple[str, str]]:
+def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
     """The (containerID, ifname) pairs the runtime still uses; ifname "" stands for any of that container's.
 
     Decoded as Go decodes types.NetConf's field: any key case; `null`, or no key at all (what Go marshals for
@@ -52,37 +59,23 @@ def holds(pairs: set[tuple[str, str]], cid: str, ifname: str) -> bool:
     return (cid, ifname) in pairs or (cid, "") in pairs or (not ifname and any(c == cid for c, _ in pairs))
 
 
-def reservation_targets(conf, still_used) -> list:
-    """Reservations of this network whose holder `still_used(containerID, ifname)` does not claim."""
-    from cni_reaper.reap.hostlocal import NetworkDir
-    from cni_reaper.reap.targets import Target
-
-    d = NetworkDir(conf.ipamDataDir, conf.name)
-    try:
-        held = sorted(d.reservations().items())
-    finally:
-        d.close()
-    return [Target(conf.name, cid, ifname, frozenset({ip}), whole=True, parts=frozenset({"reservation", "conntrack"}))
-            for ip, (cid, ifname) in held if not still_used(cid, ifname)]
-
-
-def run(inv):
+def run(inv: Invocation) -> None:
     conf = inv.conf
     valid = valid_attachments(inv.raw)
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
         with store.locked():
             records = list(store.records())
-            states = {key(r): classify(r, conf.cniCacheDir) for r in records}
             mine = [r for r in records if r["network"] == conf.name]
-            for r in mine:
-                if not holds(valid, r["containerID"], r["ifname"]):
-                    states[key(r)] = DEAD  # the runtime says so, whatever its netns
-            live = {(r["containerID"], r["ifname"]) for r in mine if states[key(r)] == LIVE}
-            extra = orphan_targets(conf, {(conf.name, r["containerID"]) for r in mine},
-                                   lambda network, cid: holds(valid, cid, ""), only_network=conf.name)
-            extra += reservation_targets(conf, lambda cid, ifname: holds(valid, cid, ifname) or holds(live, cid, ifname))
-            sweep(store, conf, records=records, states=states, extra=extra)
+            verdicts = {key(r): (DEAD, "not among the runtime's valid attachments (GC)") for r in mine
+                        if not holds(valid, r["containerID"], r["ifname"])}
+            sel = select(records, View(), {conf.name: conf}, conf, verdicts=verdicts)
+            live = {(k[1], k[2]) for k in sel.holders if k[0] == conf.name}
+            live |= {j.key[1:] for j in sel.judged if j.key[0] == conf.name and j.state in HOLDING}
+            recorded = {(r["network"], r["containerID"]) for r in mine}
+            sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
+            sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))
+            sweep(store, conf, sel)
     finally:
         store.close()
     return None

@@ -3,62 +3,51 @@ calls it before every ADD and DEL).
 
 Only an unusable state directory makes STATUS fail: Nomad (1.9.5+) skips the whole DEL of an allocation when
 STATUS fails, so a clean-up that cannot run (iptables missing or broken, the xtables lock held) is logged by
-the sweep and retried later, never reported as "unavailable"."""
+the sweep and retried later, never reported as "unavailable". Its sweep is the one a recreate needs (the
+old life's reservation released before bridge's ADD): it waits for the state lock as ADD does, logs when it
+had to, and when the lock stays held says so (the next call sweeps again)."""
 
 from __future__ import annotations
 
 import os
-import stat
 
-from cni_reaper.errors import STATUS_NOT_AVAILABLE, CniError
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
+    from cni_reaper.cni.shell import Invocation
 
-def _state_dir_problem(path: str) -> str | None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        parent = os.path.dirname(path.rstrip("/")) or "/"
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.access(parent, os.W_OK):
-            return f"state directory {path} does not exist and {parent} is not writable"
-        return None
-    except OSError as exc:
-        return f"state directory {path}: {exc.strerror}"
-    if stat.S_ISLNK(st.st_mode):
-        return f"state directory {path} is a symlink"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"state directory {path} is not a directory"
-    if st.st_uid != os.geteuid():
-        return f"state directory {path} is owned by uid {st.st_uid}"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"state directory {path} is not writable"
-    return None
+from cni_reaper import log
+from cni_reaper.errors import STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
+from cni_reaper.state.safedir import problem as state_dir_problem
 
 
-def run(inv):
+def run(inv: Invocation) -> None:
     conf = inv.conf
-    problem = _state_dir_problem(conf.stateDir)
+    problem = state_dir_problem(conf.stateDir)
     if problem:
         raise CniError(STATUS_NOT_AVAILABLE, f"cni-reaper cannot serve ADD: {problem}",
                        "make stateDir a directory of root's (mode 0700), or point stateDir at one, then retry")
-    _opportunistic_sweep(conf)
+    _sweep(conf)
     return None
 
 
-def _opportunistic_sweep(conf) -> None:
-    """Sweep if the state directory exists and nobody holds its lock; STATUS itself never waits or fails."""
+def _sweep(conf: Any) -> None:
+    """Sweep if the state directory exists; STATUS itself never fails for it."""
     if not os.path.isdir(conf.stateDir):
         return
     from cni_reaper.reap.sweep import sweep_quietly
     from cni_reaper.state.store import Store
 
-    store = Store(conf.stateDir, lock_timeout=0)
+    store = Store(conf.stateDir, conf.lockTimeout)
     try:
         store.open(create=False)
         with store.locked():
+            if store.waited > 0.1:
+                log.info("waited for the state lock", seconds=round(store.waited, 3))
             sweep_quietly(store, conf)
-    except CniError:
-        pass
+    except CniError as err:
+        if err.code == TRY_AGAIN_LATER:
+            log.warn("sweep skipped: the state lock stayed held; the next call sweeps", error=err.msg)
     finally:
         store.close()

@@ -1,0 +1,214 @@
+"""libcni's cache of attachments: `<cacheDir>/results/<network>-<containerID>-<ifname>`, one JSON file per
+attachment (its netns path, CNI_ARGS, capability args and the chain's result), written once the whole ADD
+succeeded and deleted once the whole DEL did. libcni hands the cached result to every plugin of a later DEL
+as prevResult, and libcni 1.3's GC sends a DEL for every cached attachment the runtime no longer lists.
+
+Read here as evidence (an entry that was there and is gone: the DEL is over; an entry whose netns is gone:
+that attachment is dead), and, once cni-reaper has released a dead attachment's addresses, rewritten so
+that nothing the runtime still holds for it hurts the addresses' next owner (README, "The runtime's memory
+of a dead attachment"): the released addresses are taken out of the cached result, everything else stays.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+from cni_reaper import jsonio
+
+MAX_ENTRY_BYTES = 1 << 20
+RESULTS = "results"
+
+
+def results_dir(cache_dir: str) -> str:
+    return os.path.join(cache_dir, RESULTS)
+
+
+def entry_name(network: str, container_id: str, ifname: str) -> str:
+    return f"{network}-{container_id}-{ifname}"
+
+
+def view(cache_dir: str) -> str | None:
+    """Why the cache cannot be read as evidence (None when it can): its results directory is missing or
+    unreadable. An empty one is readable: it says no attachment is cached."""
+    try:
+        os.listdir(results_dir(cache_dir))
+    except FileNotFoundError:
+        return f"libcni's cache {results_dir(cache_dir)} does not exist"
+    except OSError as exc:
+        return f"libcni's cache {results_dir(cache_dir)} cannot be read ({exc.strerror})"
+    return None
+
+
+def exists(cache_dir: str, network: str, container_id: str, ifname: str) -> bool | None:
+    """Whether libcni caches this attachment; None when its cache cannot be seen."""
+    path = os.path.join(results_dir(cache_dir), entry_name(network, container_id, ifname))
+    try:
+        os.lstat(path)
+        return True
+    except FileNotFoundError:
+        return None if view(cache_dir) else False
+    except OSError:
+        return None
+
+
+class Entry:
+    """One cached attachment, as far as cni-reaper reads it."""
+
+    __slots__ = ("container_id", "doc", "ifname", "ips", "mtime", "name", "netns", "network", "veths")
+
+    def __init__(self, name: str, doc: dict[str, Any], mtime: int) -> None:
+        self.name, self.doc, self.mtime = name, doc, mtime
+        self.network = _str(doc.get("networkName"))
+        self.container_id = _str(doc.get("containerId"))
+        self.ifname = _str(doc.get("ifName"))
+        self.netns = _str(doc.get("netns")) or _str((doc.get("runtimeConfig") or {}).get("netns"))
+        result = result_of(doc)
+        self.ips = sorted({ip for ip in _result_ips(result)})
+        self.veths = [i["name"] for i in result.get("interfaces") or [] if isinstance(i, dict)
+                      and isinstance(i.get("name"), str) and not i.get("sandbox") and i["name"].startswith("veth")]
+        if not self.netns:
+            sandboxes = [i.get("sandbox") for i in result.get("interfaces") or [] if isinstance(i, dict)]
+            self.netns = next((s for s in sandboxes if isinstance(s, str) and s), "")
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def result_of(doc: dict[str, Any]) -> dict[str, Any]:
+    result = doc.get("result")
+    if isinstance(result, str):
+        try:
+            result = jsonio.loads(result)
+        except ValueError:
+            return {}
+    return result if isinstance(result, dict) else {}
+
+
+def _result_ips(result: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    listed = result.get("ips")
+    entries = list(listed) if isinstance(listed, list) else []
+    entries += [result[k] for k in ("ip4", "ip6") if isinstance(result.get(k), dict)]
+    for ip in entries:
+        if isinstance(ip, dict):
+            text = ip.get("address") or ip.get("ip")
+            if isinstance(text, str) and "/" in text:
+                out.append(text.split("/")[0])
+    return out
+
+
+def _read(dir_fd: int, name: str) -> Entry | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
+            return None
+        data = os.read(fd, st.st_size + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        doc = jsonio.loads(data)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return None
+    return Entry(name, doc, st.st_mtime_ns) if isinstance(doc, dict) else None
+
+
+def entries(cache_dir: str, network: str, container_id: str) -> list[Entry] | None:
+    """The cached attachments of (network, container ID), any ifname, judged by their content (a name alone
+    is ambiguous: IDs and ifnames may contain "-"); None when the cache cannot be read."""
+    prefix = f"{network}-{container_id}-"
+    try:
+        fd = os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        names = [n for n in os.listdir(fd) if n.startswith(prefix)]
+        found = [_read(fd, n) for n in names]
+    finally:
+        os.close(fd)
+    return [e for e in found if e is not None and e.network == network and e.container_id == container_id]
+
+
+def forget_addresses(cache_dir: str, network: str, container_id: str, ifname: str, released: set[str]) -> list[str] | None:
+    """Take the `released` addresses out of the cached result of this attachment (any ifname when "") and
+    write it back atomically; returns the entries changed, or None when an entry names one of them and
+    could not be rewritten. A later DEL of the dead attachment then hands the plugins no address that
+    another attachment may hold by then (the firewall plugin deletes the CNI-FORWARD rules of every address
+    in prevResult)."""
+    changed: list[str] = []
+    found = entries(cache_dir, network, container_id)
+    if not found:
+        return changed
+    try:
+        dfd = os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for e in found:
+            if (ifname and e.ifname != ifname) or not released & set(e.ips):
+                continue
+            if not _rewrite(dfd, e, released):
+                return None
+            changed.append(e.name)
+    finally:
+        os.close(dfd)
+    return changed
+
+
+def without(result: dict[str, Any], released: set[str]) -> dict[str, Any]:
+    """A result without the IP configs of `released` addresses (and their routes stay: they name gateways)."""
+    out = dict(result)
+    if isinstance(result.get("ips"), list):
+        out["ips"] = [ip for ip in result["ips"] if not (isinstance(ip, dict) and _result_ips({"ips": [ip]})
+                                                         and _result_ips({"ips": [ip]})[0] in released)]
+    for k in ("ip4", "ip6"):
+        if isinstance(result.get(k), dict) and set(_result_ips({k: result[k]})) & released:
+            out.pop(k)
+    return out
+
+
+def _rewrite(dfd: int, e: Entry, released: set[str]) -> bool:
+    """Replace the entry atomically: the new content is written beside the results directory (libcni 1.3
+    reads every file in it as an attachment) and renamed over the entry."""
+    doc = dict(e.doc)
+    result = without(result_of(doc), released)
+    doc["result"] = jsonio.dumps(result) if isinstance(doc.get("result"), str) else result
+    data = jsonio.dumps(doc).encode()
+    tmp = f".cni-reaper.{e.name}.{os.getpid()}"
+    try:
+        pfd = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return False
+    try:
+        st = os.stat(e.name, dir_fd=dfd, follow_symlinks=False)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, stat.S_IMODE(st.st_mode),
+                     dir_fd=pfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, e.name, src_dir_fd=pfd, dst_dir_fd=dfd)
+        os.fsync(dfd)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp, dir_fd=pfd)
+        except OSError:
+            pass
+        return False
+    finally:
+        os.close(pfd)

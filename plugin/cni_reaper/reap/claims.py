@@ -1,0 +1,121 @@
+"""What may still belong to a life that is not dead: the other half of the judgement (evidence.py says who is
+dead; this says what of a dead life's leftovers someone else may hold), decided under host-local's locks.
+
+Why a reservation is the evidence: bridge asks host-local for an address before it makes any rule (and
+portmap and firewall run after bridge), host-local creates each reservation file once (O_EXCL) and never
+rewrites it, and while cni-reaper holds host-local's lock of a network no address of it is given or taken.
+So under that lock the reservations name every life of that network that has, or may be making, rules:
+one that was recorded, and one whose ADD is still in flight (recorded by nobody yet, cached by libcni only
+once the whole chain is done). A dead life's own reservation is the very file it recorded (or, for what
+cni-reaper 0.2 recorded, a file naming it that is older than the life); any other reservation of its
+address, or naming its container, is someone else's: another container's, or a newer life of the same
+container with the same tag and perhaps the same address (a recreate, a restore after a reboot).
+
+For a dead life, then:
+- its untagged rules of an address (firewall's CNI-FORWARD) and the address's conntrack entries go only when
+  no other attachment holds the address (a record that is live, unknown or being deleted) and no
+  reservation of it in any network directory is anyone else's;
+- its rules tagged with its container and tied to an address (a masquerade jump from it, a DNAT to it, a
+  native rule for it) go only when no other life of the same container holds the address;
+- its container's chains (the masquerade and DNAT chains, tagged rules of any address) go only when no other
+  life of the container is live, unknown, being deleted or reserved;
+- its reservation of an address goes only when the file there is its own.
+A life whose IPAM is not host-local (no reservation recorded) and whose netns path now holds a newer
+namespace may have a new life forming there that no reservation can show: nothing of it goes until that
+life is recorded or its namespace is gone.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from cni_reaper.reap.hostlocal import NetworkDir, Reservation
+    from cni_reaper.reap.targets import Expect, Target
+
+
+def own(t: Target, r: Reservation) -> bool:
+    """Whether reservation `r` is the dead life's own (t.expect says which file that is)."""
+    e: Expect | None = t.expect.get(r.ip)
+    if e is None or r.network != t.network:
+        return False
+    if e.ident is not None:
+        return r.ident == e.ident
+    cid, ifname = e.owner
+    if r.owner[0] != cid or (ifname and r.owner[1] and r.owner[1] != ifname):
+        return False
+    return e.not_after is None or r.ident[1] <= e.not_after
+
+
+class Claims:
+    """The claims on a set of targets' leftovers, from the holders (records that are live, unknown or being
+    deleted: key -> addresses) and the reservations read under host-local's locks."""
+
+    def __init__(self, targets: Iterable[Target], holders: dict[tuple[str, str, str], set[str]],
+                 dirs: Iterable[NetworkDir]) -> None:
+        targets = list(targets)
+        self.holders = holders
+        self.by_ip: dict[str, list[Reservation]] = {}
+        self.by_container: dict[tuple[str, str], list[Reservation]] = {}
+        wanted_networks = {t.network for t in targets}
+        wanted_ips = {ip for t in targets for ip in t.dead_ips}
+        for d in {id(d): d for d in dirs}.values():
+            found = d.all() if d.network in wanted_networks else [r for r in map(d.get, sorted(wanted_ips)) if r]
+            for r in found:
+                self.by_ip.setdefault(r.ip, []).append(r)
+                self.by_container.setdefault((r.network, r.owner[0]), []).append(r)
+        self.kin: dict[tuple[str, str], list[Target]] = {}  # the targets of each container
+        for t in targets:
+            self.kin.setdefault((t.network, t.container_id), []).append(t)
+        self.holder_ips: dict[str, set[tuple[str, str, str]]] = {}
+        self.holder_containers: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        for k, addresses in holders.items():
+            self.holder_containers.setdefault((k[0], k[1]), set()).add(k)
+            for ip in addresses:
+                self.holder_ips.setdefault(ip, set()).add(k)
+
+    def _held_by_others(self, t: Target, ip: str, kin_only: bool) -> bool:
+        holders = self.holder_ips.get(ip, set())
+        if kin_only:
+            holders = {k for k in holders if (k[0], k[1]) == (t.network, t.container_id)}
+        return bool(holders - {t.key}) or (not t.whole and t.key in holders)
+
+    def ip_free(self, t: Target, ip: str) -> bool:
+        """No one else holds `ip`: its untagged rules and conntrack entries may go."""
+        if t.forming or self._held_by_others(t, ip, kin_only=False):
+            return False
+        return all(own(t, r) for r in self.by_ip.get(ip, []))
+
+    def kin_free(self, t: Target, ip: str) -> bool:
+        """No other life of t's container holds `ip`: its rules tagged with the container and tied to the
+        address may go."""
+        if t.forming or self._held_by_others(t, ip, kin_only=True):
+            return False
+        return all(self._own_by_kin(t, r) for r in self.by_ip.get(ip, []) if r.owner[0] == t.container_id)
+
+    def _own_by_kin(self, t: Target, r: Reservation) -> bool:
+        """`r` is the own reservation of one of the dead lives of t's container cleaned now."""
+        return any(own(k, r) for k in self.kin.get((t.network, t.container_id), [t]))
+
+    def container_free(self, t: Target) -> bool:
+        """No other life of t's container is live, unknown, being deleted or reserved: its chains may go."""
+        if t.forming:
+            return False
+        others = self.holder_containers.get((t.network, t.container_id), set()) - {t.key}
+        if others or (not t.whole and t.key in self.holders):
+            return False
+        return all(self._own_by_kin(t, r) for r in self.by_container.get((t.network, t.container_id), []))
+
+    def releasable(self, t: Target, ip: str) -> list[Reservation]:
+        """The dead life's own reservations of `ip` (in its network's directories)."""
+        return [r for r in self.by_ip.get(ip, []) if r.network == t.network and own(t, r)]
+
+    def why_kept(self, t: Target, ip: str) -> str:
+        if t.forming:
+            return "its netns path holds a newer namespace: a new life may be forming there"
+        others = sorted(self.holder_ips.get(ip, set()) - {t.key})
+        if others:
+            return f"held by {others[0][1]} ({others[0][0]})"
+        foreign = [r for r in self.by_ip.get(ip, []) if not own(t, r)]
+        return f"reserved by {foreign[0].owner[0]} ({foreign[0].data_dir}/{foreign[0].network})" if foreign else "claimed"

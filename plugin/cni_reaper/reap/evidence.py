@@ -1,0 +1,199 @@
+"""The judgement of life and death, in one place (README, "Evidence").
+
+cni-reaper may delete a live node's rules and release its addresses: it does so only for what positive
+evidence, seen from a view known to be complete, says is dead. Absence is never evidence: a missing cache,
+a netns directory this process cannot see, /proc not mounted, an unreadable IPAM directory, a recycled
+inode, an ADD still in flight. When the evidence is not there the answer is UNKNOWN, and nothing that
+depends on it is removed; the reason is given to the log, the CLI and `doctor`.
+
+A recorded life (one ADD of an attachment) is
+- dead when the host has booted since it was recorded (namespaces never survive a boot); when, in a view of
+  its netns directory that is the one it was recorded in (same directory: device and inode), its netns path
+  holds no namespace or another one (another inode, or the same recycled inode made at another time); or
+  when, in the network namespace it was recorded in, the host side of its veth pair is gone or is another
+  link (the pair dies with the container's namespace, and that is seen from any mount namespace);
+- alive when its path still holds the very namespace recorded, or its veth is still there;
+- unknown otherwise: /proc is not there, the state was written on another machine, the netns directory here
+  is another one (a private mount namespace, a tmpfs over /var/run/netns) and the veth cannot be looked at
+  (none recorded, or this process runs in another network namespace).
+Alive wins over dead. A record of cni-reaper 0.2 (no boot, directory or veth recorded) is judged by its path
+alone, and only where its directory is one that a record of this boot verifies.
+
+A tombstone (the runtime sent DEL) is done when libcni's cache held the attachment at DEL time and no longer
+does (libcni deletes it when, and only when, the whole chain's DEL succeeded); expired when the DEL is long
+over and its life is dead by the rules above; waiting otherwise.
+
+An attachment found only by its tags (no record) is dead when libcni caches it and every cached life's netns
+path is gone in a verified directory, and no veth of it is left; without a cache entry nothing is known
+(an ADD in flight writes its entry only when the whole chain is done). A GC's valid list is the runtime's
+word: whatever is not in it is dead.
+
+What may still be forming is protected by `claims.py`, under host-local's lock.
+"""
+
+from __future__ import annotations
+
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.state.index import Entry
+
+from cni_reaper.reap import probes
+
+LIVE, DEAD, UNKNOWN = "live", "dead", "unknown"
+DONE, EXPIRED, WAIT = "tombstone-done", "tombstone-expired", "tombstone-wait"
+SWEEPABLE = (DEAD, DONE, EXPIRED)  # what a sweep cleans and then drops
+HOLDING = (LIVE, UNKNOWN, WAIT)  # what keeps its addresses and its container protected
+TOMBSTONE_GRACE_SECONDS = 60.0
+
+
+class Facts:
+    """What a life's record (or its index entry) says that the judgement reads."""
+
+    __slots__ = ("boot", "dir", "host_netns", "machine", "netns", "ns", "veth", "veth_index")
+
+    def __init__(self, netns: str, ns: tuple | None, dir_: tuple | None, host: dict[str, Any] | None,
+                 veth: dict[str, Any] | None) -> None:
+        self.netns, self.ns, self.dir = netns, ns, dir_
+        self.boot = host["boot"] if host else None
+        self.machine = host["machine"] if host else ""
+        self.host_netns = host["netns"] if host else None
+        self.veth = veth["name"] if veth else None
+        self.veth_index = veth["ifindex"] if veth else None
+
+    @classmethod
+    def of_life(cls, life: dict[str, Any]) -> Facts:
+        n, d = life["netnsId"], life.get("netnsDir")
+        return cls(life["netns"], (n["dev"], n["ino"], n.get("ctime")) if n else None,
+                   (d["dev"], d["ino"]) if d else None, life.get("host"), life.get("veth"))
+
+    @classmethod
+    def of_entry(cls, e: Entry) -> Facts:
+        return cls(e.netns, e.ns, e.dir, e.host, e.veth)
+
+
+def view_dir(netns_path: str) -> str:
+    """The directory whose identity says whether this process sees a netns path as the runtime did: the
+    path's directory, or /proc itself for a /proc/<pid>/ns/net path (whose directory lives and dies with its
+    process)."""
+    return "/proc" if netns_path.startswith("/proc/") else probes.netns_dir(netns_path)
+
+
+class View:
+    """What this process can see now: the host, and per sweep the identities of the netns directories and
+    links it looked at. `known_dirs`: directories verified as the runtime's view in this boot (a record of
+    this boot names them and they are the same now), which is what lets a 0.2 record or a cache entry be
+    judged by its path. `blind`: why something could not be judged, and how often."""
+
+    def __init__(self, host: probes.Host | None = None) -> None:
+        self.host = host or probes.host()
+        self._dirs: dict[str, tuple | None] = {}
+        self.known_dirs: dict[str, tuple] = {}
+        self.blind: dict[str, int] = {}
+
+    def dir_now(self, path: str) -> tuple | None:
+        if path not in self._dirs:
+            d = probes.dir_id(path)
+            self._dirs[path] = (d["dev"], d["ino"]) if d else None
+        return self._dirs[path]
+
+    def learn(self, facts: Facts) -> None:
+        """A life of this boot whose directory is seen as it was recorded verifies that directory."""
+        if facts.dir is not None and facts.boot == self.host.boot and facts.boot is not None:
+            where = view_dir(facts.netns)
+            if self.dir_now(where) == facts.dir:
+                self.known_dirs[where] = facts.dir
+
+    def note(self, why: str) -> None:
+        self.blind[why] = self.blind.get(why, 0) + 1
+
+
+def _path_evidence(f: Facts, view: View) -> tuple[str | None, str]:
+    now = probes.netns_id(f.netns)
+    if now is not None and f.ns is None:
+        return LIVE, "a namespace is at its path (none was recorded)"
+    if (now is not None and f.ns is not None and (now["dev"], now["ino"]) == f.ns[:2]
+            and (f.ns[2] is None or now["ctime"] is None or now["ctime"] == f.ns[2])):
+        return LIVE, "its path holds the namespace recorded"
+    where = view_dir(f.netns)
+    current = view.dir_now(where)
+    seen = current is not None and (current == f.dir if f.dir is not None else view.known_dirs.get(where) == current)
+    if not seen:
+        why = (f"{where} is not visible here" if current is None else
+               f"{where} here is not the directory the attachment was recorded in (a private mount namespace?)")
+        return None, why
+    if now is None:
+        return DEAD, f"its netns {f.netns} is gone"
+    return DEAD, f"its netns path {f.netns} holds another namespace"
+
+
+def _link_evidence(f: Facts, view: View) -> tuple[str | None, str]:
+    if f.veth is None:
+        return None, "no veth recorded"
+    if f.host_netns is None or f.host_netns != view.host.netns:
+        return None, "this process runs in another network namespace than the attachment's host"
+    index = probes.link_index(f.veth)
+    if index == f.veth_index:
+        return LIVE, f"its veth {f.veth} is there"
+    return DEAD, f"its veth {f.veth} is gone" if index is None else f"{f.veth} is another link now"
+
+
+def judge_life(f: Facts, view: View) -> tuple[str, str]:
+    """LIVE, DEAD or UNKNOWN, and why."""
+    h = view.host
+    if h.boot is None or h.nsfs is None:
+        return UNKNOWN, h.problem
+    if f.boot is not None:
+        if f.machine and h.machine and f.machine != h.machine:
+            return UNKNOWN, "recorded on another machine (machine-id differs): not this host's to clean"
+        if f.boot != h.boot:
+            return DEAD, "the host has booted since it was recorded"
+    path, path_why = _path_evidence(f, view)
+    if path == LIVE:
+        return LIVE, path_why
+    link, link_why = _link_evidence(f, view)
+    if link == LIVE:
+        return LIVE, link_why
+    if path == DEAD:
+        return DEAD, path_why
+    if link == DEAD:
+        return DEAD, link_why
+    return UNKNOWN, f"{path_why}; {link_why}"
+
+
+def judge_tombstone(f: Facts, deleted_at: float, cached: bool | None, cached_now: bool | None, view: View,
+                    now: float | None = None) -> tuple[str, str]:
+    """DONE, EXPIRED or WAIT, and why. `cached`: whether libcni cached the attachment when DEL ran;
+    `cached_now`: whether it does now (None: the cache cannot be seen)."""
+    if cached is True and cached_now is False:
+        return DONE, "libcni dropped its cache entry: the whole chain's DEL succeeded"
+    if (now or time.time()) - deleted_at > TOMBSTONE_GRACE_SECONDS:
+        state, why = judge_life(f, view)
+        if state == DEAD:
+            return EXPIRED, f"its DEL did not finish and {why}"
+    return WAIT, "its DEL may be in flight"
+
+
+def judge_cached(entries: list[Any], view: View) -> tuple[str, str]:
+    """An attachment with no record, by libcni's cache entries of it (cache.Entry): DEAD when every cached
+    life's netns is gone in a verified directory and none of its veths is left; LIVE when one of them is
+    there; UNKNOWN otherwise (no entry: an ADD in flight, or another runtime's)."""
+    if not entries:
+        return UNKNOWN, "no libcni cache entry of it (an ADD may be in flight, or it is another runtime's)"
+    verdicts = []
+    for e in entries:
+        if any(probes.link_index(name) is not None for name in e.veths):
+            return LIVE, f"its veth is there ({', '.join(e.veths)})"
+        if not e.netns.startswith("/"):
+            verdicts.append((UNKNOWN, f"its cache entry {e.name} names no netns"))
+            continue
+        path, why = _path_evidence(Facts(e.netns, None, None, None, None), view)
+        verdicts.append((path or UNKNOWN, why if path else f"{why} (no record of this boot verifies it)"))
+    if any(v == LIVE for v, _ in verdicts):
+        return next((v, w) for v, w in verdicts if v == LIVE)
+    if all(v == DEAD for v, _ in verdicts):
+        return DEAD, verdicts[0][1]
+    return next((v, w) for v, w in verdicts if v == UNKNOWN)

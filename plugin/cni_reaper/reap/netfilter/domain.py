@@ -1,0 +1,119 @@
+"""One interface for both netfilter worlds, the way portmap keeps its iptables and nftables backends side by
+side: a domain is a set of tables cleaned as one unit with one backend (an iptables family in one flavour, or
+the plugins' native nftables tables). The clean-up loop (reap/cleanup.py) reads, plans and applies through
+it and never asks which world it is in; applying a plan twice changes nothing the second time (each plan is
+made from a fresh read)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from cni_reaper.reap.netfilter.interface import Backend, BackendError
+from cni_reaper.reap.targets import Target
+
+# What the metrics count a removal as (state/counters.KINDS), by part (targets.PARTS)
+IPTABLES_KINDS = {"masq": "masquerade", "dnat": "dnat", "forward": "firewall"}
+NATIVE_KINDS = {"masq": "nftables_masquerade", "dnat": "nftables_dnat"}
+
+
+class Plan(Protocol):
+    ops: list[Any]
+    skipped: list[str]
+
+
+class Domain(Protocol):
+    label: str
+    backend_name: str
+    kinds: dict[str, str]
+    targets: list[Target]
+
+    def read(self) -> Any:
+        """A snapshot of the domain's tables."""
+
+    def plan(self, snapshot: Any) -> Plan:
+        """The deletions of what `targets` left in `snapshot` (pure)."""
+
+    def apply(self, ops: list[Any]) -> None:
+        """Apply in one transaction per table; BackendError if one failed (nothing of it applied)."""
+
+
+class IptablesDomain:
+    def __init__(self, family: int, backend: Backend, targets: list[Target], protected: dict) -> None:
+        self.family, self.backend, self.targets, self.protected = family, backend, targets, protected
+        self.label = f"ipv{family}"
+        self.backend_name = backend.name
+        self.kinds = IPTABLES_KINDS
+
+    def read(self) -> Any:
+        return self.backend.read(self.family)
+
+    def plan(self, snapshot: Any) -> Plan:
+        from cni_reaper.reap.netfilter.iptables.plan import plan
+
+        return plan(snapshot, self.targets, self.family, self.protected)
+
+    def apply(self, ops: list[Any]) -> None:
+        self.backend.apply(self.family, ops)
+
+
+class NativeDomain:
+    label = "nft"
+    kinds = NATIVE_KINDS
+
+    def __init__(self, backend: Any, targets: list[Target]) -> None:
+        self.backend, self.targets = backend, targets
+        self.backend_name = "nft"
+
+    def read(self) -> Any:
+        return self.backend.read()
+
+    def plan(self, snapshot: Any) -> Plan:
+        from cni_reaper.reap.netfilter.nftables.plan import plan_native
+
+        return plan_native(snapshot, self.targets)
+
+    def apply(self, ops: list[Any]) -> None:
+        self.backend.apply(ops)
+
+
+def _families(targets: list[Target]) -> list[int]:
+    fams = set()
+    for t in targets:
+        if not t.dead_ips or t.any_source:
+            fams |= {4, 6}
+        fams |= {6 if ":" in ip else 4 for ip in t.dead_ips}
+    return sorted(fams)
+
+
+def domains(targets: list[Target], protected: dict, errors: list[str], failed: set,
+            backend_for: Any = None) -> list[Domain]:
+    """The domains the targets' leftovers are in: per family, one per iptables flavour the targets' backend
+    settings resolve to (each family follows its own tool unless a setting says which), and the native
+    tables. A family whose tool is missing has no rules of the plugins, unless a target has an address of
+    it (then nothing can be read: an error, and those targets are kept). `backend_for(family | "native")`
+    stands in for the real backends (tests)."""
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+    from cni_reaper.reap.netfilter.select import select
+
+    wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
+    out: list[Domain] = []
+    for family in _families(wanted):
+        groups: dict[str, tuple[Backend, list[Target]]] = {}
+        for t in wanted:
+            if family not in _families([t]):
+                continue
+            try:
+                b = backend_for(family) if backend_for else select(t.backend, family)
+            except BackendError as exc:
+                if any((":" in ip) == (family == 6) for ip in t.dead_ips):
+                    errors.append(f"ipv{family}: {exc}")
+                    failed.add(t.key)
+                continue
+            if b is not None:
+                groups.setdefault(b.name + "/" + getattr(b, "flavour", ""), (b, []))[1].append(t)
+        out += [IptablesDomain(family, b, ts, protected) for b, ts in groups.values()]
+    native = [t for t in wanted if t.parts & {"masq", "dnat"}]
+    nft = backend_for("native") if backend_for else NftBackend()
+    if native and nft is not None:
+        out.append(NativeDomain(nft, native))
+    return out

@@ -1,0 +1,51 @@
+"""What a clean-up did: per attachment the items removed (or, in a dry run or in observe mode, that would have
+been), what failed and what could not be verified gone (their records are kept and retried), what was left
+on purpose and why, the backends used, and counts by kind for the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Key = tuple[str, str, str]  # (network, container ID, ifname)
+
+
+@dataclass
+class Outcome:
+    removed: dict[Key, list[str]] = field(default_factory=dict)
+    failed: set[Key] = field(default_factory=set)  # something could not be removed: the record is kept
+    unverified: set[Key] = field(default_factory=set)  # a leftover could not be looked at: the record is kept
+    skipped: list[str] = field(default_factory=list)  # what was left on purpose, and why
+    errors: list[str] = field(default_factory=list)
+    backends: dict[int, str] = field(default_factory=dict)  # family -> backend name
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (network, kind) -> items removed
+    unknown: dict[str, int] = field(default_factory=dict)  # why something could not be judged -> how many
+
+    @property
+    def backend(self) -> str:
+        """The backend used, or one per family when they differ: "ipv4: python-iptables, ipv6: ..."."""
+        names = set(self.backends.values())
+        if len(names) <= 1:
+            return names.pop() if names else ""
+        return ", ".join(f"ipv{f}: {n}" for f, n in sorted(self.backends.items()))
+
+    @property
+    def kept(self) -> set[Key]:
+        return self.failed | self.unverified
+
+    def note(self, key: Key, what: str, kind: str, n: int = 1) -> None:
+        """One removal (or `n` of a kind counted as one line: conntrack entries) of attachment `key`."""
+        self.removed.setdefault(key, []).append(what)
+        self.counts[(key[0], kind)] = self.counts.get((key[0], kind), 0) + n
+
+    def merge(self, other: Outcome) -> None:
+        for k, items in other.removed.items():
+            self.removed.setdefault(k, []).extend(items)
+        for k2, n in other.counts.items():
+            self.counts[k2] = self.counts.get(k2, 0) + n
+        self.failed |= other.failed
+        self.unverified |= other.unverified
+        self.skipped += other.skipped
+        self.errors += other.errors
+        self.backends.update(other.backends)
+        for why, n in other.unknown.items():
+            self.unknown[why] = self.unknown.get(why, 0) + n

@@ -1,0 +1,178 @@
+"""Observations of the host, made with a few syscalls and never judged here (the judgement is evidence.py's):
+
+- the host: the boot (`/proc/sys/kernel/random/boot_id`), the machine (`/etc/machine-id`), the network
+  namespace this process runs in and the nsfs device (`/proc/self/ns/net`); all None when /proc is not there;
+- a namespace behind a path: device, inode and, for a bind-mounted nsfs file (a pinned inode: Nomad's
+  `/var/run/netns/<alloc>`, Docker's `/var/run/docker/netns/<id>`, iproute2's), its change time. The kernel
+  recycles nsfs inode numbers (a namespace made again at the same path a second later often gets the same
+  one), but a pinned nsfs inode keeps the change time it was made with for as long as it is mounted, so
+  (device, inode, change time) names one life. A path that is a symlink (`/proc/<pid>/ns/net`) reaches an
+  inode that the kernel makes anew on every look: its change time means nothing and is not kept;
+- the directory a netns path is in (device, inode): a view that shows another directory there (a tmpfs over
+  /var/run/netns, a private /run) is not the view the namespace was recorded in;
+- a link in this network namespace by name (its index): the host side of a veth pair lives here and dies
+  with the container's namespace, whatever mount namespace looks;
+- a host-local reservation file: who it names, and its identity (inode, modification and change time).
+
+The netns path itself is only ever stat()ed: never opened, entered or created.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
+if TYPE_CHECKING:
+    from typing import Any
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+MACHINE_ID = "/etc/machine-id"
+SELF_NETNS = "/proc/self/ns/net"
+RESERVATION_MAX = 4096
+
+
+class Host:
+    """What this process runs on and in, read once per process."""
+
+    __slots__ = ("boot", "machine", "netns", "nsfs", "problem")
+
+    def __init__(self) -> None:
+        self.boot = _read_line(BOOT_ID)
+        self.machine = _read_line(MACHINE_ID) or ""
+        self.problem = ""
+        try:
+            st = os.stat(SELF_NETNS)
+            self.netns: int | None = st.st_ino
+            self.nsfs: int | None = st.st_dev
+        except OSError as exc:
+            self.netns = self.nsfs = None
+            self.problem = f"/proc is not mounted here ({SELF_NETNS}: {exc.strerror})"
+        if self.boot is None and not self.problem:
+            self.problem = f"{BOOT_ID} cannot be read"
+
+    def as_record(self) -> dict[str, Any] | None:
+        if self.boot is None or self.netns is None:
+            return None
+        return {"boot": self.boot, "machine": self.machine, "netns": self.netns}
+
+
+def _read_line(path: str) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip() or None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+_HOST: list[Host] = []
+
+
+def host() -> Host:
+    if not _HOST:
+        _HOST.append(Host())
+    return _HOST[0]
+
+
+def netns_id(path: str | None) -> dict[str, Any] | None:
+    """{"dev", "ino", "ctime"} of the namespace at `path`, or None when no namespace is there (gone,
+    unmounted, not nsfs). ctime is None where it does not name one life (the path is a symlink)."""
+    if not path:
+        return None
+    nsfs = host().nsfs
+    try:
+        st = os.stat(path)  # stat only: never open() a netns path, never O_CREAT it
+        pinned = not stat.S_ISLNK(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return None
+    if nsfs is None or st.st_dev != nsfs:
+        return None
+    return {"dev": st.st_dev, "ino": st.st_ino, "ctime": st.st_ctime_ns if pinned else None}
+
+
+def dir_id(path: str) -> dict[str, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return {"dev": st.st_dev, "ino": st.st_ino} if stat.S_ISDIR(st.st_mode) else None
+
+
+def netns_dir(path: str) -> str:
+    return os.path.dirname(path.rstrip("/")) or "/"
+
+
+def link_index(name: str) -> int | None:
+    """The index of the link `name` in this network namespace, or None when there is none."""
+    import _socket
+
+    try:
+        return _socket.if_nametoindex(name)
+    except (OSError, ValueError):
+        return None
+
+
+def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
+    """What an ADD records to tell this life from every other later (README, "Evidence")."""
+    h = host()
+    veth = None
+    for name in host_veths:
+        index = link_index(name)
+        if index is not None:
+            veth = {"name": name, "ifindex": index}
+            break
+    return {"netnsId": netns_id(netns_path), "netnsDir": dir_id(netns_dir(netns_path)) if netns_path else None,
+            "host": h.as_record(), "veth": veth}
+
+
+# -- host-local's reservations --------------------------------------------------------------------
+def read_reservation(dir_fd: int, ip: str) -> tuple[tuple[str, str], dict[str, int]] | None:
+    """((containerID, ifname), {"dev", "ino", "mtime", "ctime"}) of the reservation file of `ip` in an open network
+    directory, or None when there is none (or it is not a plain file). ifname is "" in the old format."""
+    try:
+        fd = os.open(ip, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        content = os.read(fd, RESERVATION_MAX).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    lines = content.replace("\r\n", "\n").split("\n")
+    who = (lines[0].strip(), lines[1].strip() if len(lines) > 1 else "")
+    return who, {"dev": st.st_dev, "ino": st.st_ino, "mtime": st.st_mtime_ns, "ctime": st.st_ctime_ns}
+
+
+def open_network_dir(data_dir: str, network: str) -> int | None:
+    """host-local's directory of `network` under `data_dir`, opened the way host-local reaches it (symlinks
+    followed, as Go's os.Open does), or None when there is none."""
+    try:
+        return os.open(os.path.join(data_dir, network), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+
+
+def find_reservation(data_dirs: list[str], network: str, ip: str, container_id: str,
+                     ifname: str) -> dict[str, Any] | None:
+    """Where host-local reserved `ip` for this attachment: {"dataDir", "dev", "ino", "mtime", "ctime"} of the first
+    of `data_dirs` whose reservation file names it, or None (another IPAM, or a directory not known)."""
+    for data_dir in data_dirs:
+        fd = open_network_dir(data_dir, network)
+        if fd is None:
+            continue
+        try:
+            found = read_reservation(fd, ip)
+        finally:
+            os.close(fd)
+        if found is not None and found[0][0] == container_id and found[0][1] in ("", ifname):
+            return dict(found[1], dataDir=data_dir)
+    return None

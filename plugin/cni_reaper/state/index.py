@@ -1,0 +1,191 @@
+"""The index of the state directory: per record file, what deciding "is anything stale" takes (its key, what
+proves its current life alive or dead, its tombstone, whether it has earlier lives, its addresses), so that
+with nothing stale a verb reads one small file instead of every record (README, Performance).
+
+It is a cache: `.index` (written whole) plus `.index-journal` (one JSON line per change since), checked
+against one scan of the directory (names and inodes: no stat, no read); anything that does not agree, does
+not parse or is not an entry of this version makes it anew from the records, with a log line. Every save
+and removal under the lock keeps it current.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.state.safedir import SafeDir
+
+from cni_reaper import jsonio, log
+from cni_reaper.state.record import parse_time
+
+INDEX_NAME = ".index"
+JOURNAL_NAME = ".index-journal"
+JOURNAL_MAX = 64  # lines, before the index is written whole again
+VERSION = 3
+MAX_BYTES = 64 << 20
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(v: Any, n: int, last_optional: bool = False) -> bool:
+    return isinstance(v, list) and len(v) == n and all(
+        _is_int(x) or (last_optional and i == n - 1 and x is None) for i, x in enumerate(v))
+
+
+class Entry:
+    """One record's entry (a slotted class: `dataclasses` costs milliseconds to import on the hot path)."""
+
+    __slots__ = ("cache_dir", "cached", "cid", "deleted_at", "dir", "earlier", "host", "ifname", "ino", "ips",
+                 "netns", "network", "ns", "verify", "veth")
+
+    def __init__(self, ino: int, network: str, cid: str, ifname: str, netns: str, ns: tuple | None, dir_: tuple | None,
+                 host: dict[str, Any] | None, veth: dict[str, Any] | None, deleted_at: float | None,
+                 cached: bool | None, verify: bool, earlier: bool, ips: list[str], cache_dir: str | None) -> None:
+        self.ino, self.network, self.cid, self.ifname, self.netns = ino, network, cid, ifname, netns
+        self.ns, self.dir, self.host, self.veth = ns, dir_, host, veth
+        self.deleted_at, self.cached, self.verify, self.earlier = deleted_at, cached, verify, earlier
+        self.ips, self.cache_dir = ips, cache_dir
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.network, self.cid, self.ifname)
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any], ino: int) -> Entry:
+        cur, dead, s = record["current"], record["deleted"], record["settings"]
+        n, d = cur["netnsId"], cur["netnsDir"]
+        return cls(ino, record["network"], record["containerID"], record["ifname"], cur["netns"],
+                   (n["dev"], n["ino"], n["ctime"]) if n else None, (d["dev"], d["ino"]) if d else None,
+                   cur["host"], cur["veth"], parse_time(dead["at"]) if dead is not None else None,
+                   dead["cached"] if dead is not None else None, dead["verify"] if dead is not None else False,
+                   bool(record["earlier"]), sorted(ip["address"] for ip in cur["ips"]),
+                   s["cniCacheDir"] if s else None)
+
+    def to_list(self) -> list[Any]:
+        h, v = self.host, self.veth
+        return [self.ino, self.network, self.cid, self.ifname, self.netns, list(self.ns) if self.ns else None,
+                list(self.dir) if self.dir else None, [h["boot"], h["machine"], h["netns"]] if h else None,
+                [v["name"], v["ifindex"]] if v else None, self.deleted_at, self.cached, self.verify, self.earlier,
+                self.ips, self.cache_dir]
+
+    @classmethod
+    def of_list(cls, v: Any) -> Entry | None:
+        """The entry a line of the index holds, or None when it is not one."""
+        try:
+            ino, network, cid, ifname, netns, ns, dir_, host, veth, at, cached, verify, earlier, ips, cache_dir = v
+        except (TypeError, ValueError):
+            return None
+        if not (_is_int(ino) and all(isinstance(x, str) for x in (network, cid, ifname, netns))
+                and (ns is None or _ints(ns, 3, last_optional=True)) and (dir_ is None or _ints(dir_, 2))
+                and (host is None or (isinstance(host, list) and len(host) == 3 and isinstance(host[0], str)
+                                      and isinstance(host[1], str) and _is_int(host[2])))
+                and (veth is None or (isinstance(veth, list) and len(veth) == 2 and isinstance(veth[0], str)
+                                      and _is_int(veth[1])))
+                and (at is None or (isinstance(at, (int, float)) and not isinstance(at, bool)))
+                and cached in (None, True, False) and verify in (True, False) and earlier in (True, False)
+                and isinstance(ips, list) and all(isinstance(x, str) for x in ips)
+                and (cache_dir is None or isinstance(cache_dir, str))):
+            return None
+        return cls(ino, network, cid, ifname, netns, tuple(ns) if ns else None, tuple(dir_) if dir_ else None,
+                   {"boot": host[0], "machine": host[1], "netns": host[2]} if host else None,
+                   {"name": veth[0], "ifindex": veth[1]} if veth else None, at, cached, verify, earlier, ips, cache_dir)
+
+
+class Index:
+    """The index of one state directory, valid while its lock is held."""
+
+    def __init__(self, sd: SafeDir) -> None:
+        self.sd = sd
+        self.entries: dict[str, Entry] = {}  # record file name -> entry
+        self._journal_lines = 0
+        self._pending: list[bytes] = []  # journal lines of a batch of removals, written at flush()
+
+    def load(self, found: dict[str, int]) -> bool:
+        """Take the index on disk if it agrees with `found` (record file name -> inode); False when it must be
+        made anew (then the caller rebuilds it from the records)."""
+        cached = self._read()
+        if cached is None or len(cached) != len(found) or any(found.get(n) != e.ino for n, e in cached.items()):
+            return False
+        self.entries = cached
+        if self._journal_lines > JOURNAL_MAX:
+            self.write_whole()
+        return True
+
+    def _read(self) -> dict[str, Entry] | None:
+        data, why = self.sd.read(INDEX_NAME, MAX_BYTES)
+        if data is None:
+            if why:
+                log.warn("index unusable; made anew from the records", problem=why)
+            return None
+        try:
+            doc = jsonio.loads(data)
+            if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("entries"), dict):
+                return None
+            raw = dict(doc["entries"])
+            journal, _ = self.sd.read(JOURNAL_NAME, MAX_BYTES)
+            lines = (journal or b"").splitlines()
+            self._journal_lines = len(lines)
+            for line in lines:
+                name, entry = jsonio.loads(line)
+                if entry is None:
+                    raw.pop(name, None)
+                else:
+                    raw[name] = entry
+        except (ValueError, TypeError, RecursionError, UnicodeDecodeError):
+            log.warn("index or its journal does not parse; made anew from the records")
+            return None
+        out = {}
+        for name, v in raw.items():
+            e = Entry.of_list(v)
+            if e is None or not isinstance(name, str):
+                log.warn("index entry unusable; index made anew from the records", record=str(name)[:80])
+                return None
+            out[name] = e
+        return out
+
+    def set(self, name: str, entry: Entry | None, write: bool = True) -> None:
+        """One record saved (entry) or removed (None): the index in memory, and one journal line (an ADD
+        writes a line, not the whole index). With write=False, flush() writes the lines later."""
+        if entry is None:
+            self.entries.pop(name, None)
+        else:
+            self.entries[name] = entry
+        line = jsonio.dumps([name, entry.to_list() if entry else None]).encode() + b"\n"
+        if write:
+            self._append(line, 1)
+        else:
+            self._pending.append(line)
+
+    def drop(self, name: str) -> None:
+        """Forget a record that was moved aside (the next write of the index has it right)."""
+        if self.entries.pop(name, None) is not None:
+            self.write_whole()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._append(b"".join(self._pending), len(self._pending))
+        self._pending = []
+
+    def _append(self, lines: bytes, count: int) -> None:
+        if self._journal_lines + count > JOURNAL_MAX:
+            self.write_whole()
+            return
+        try:
+            self.sd.append(JOURNAL_NAME, lines)
+            self._journal_lines += count
+        except OSError:
+            self.write_whole()
+
+    def write_whole(self) -> None:
+        """The index written whole, and the journal emptied. Not fsynced: a lost or stale index is found out
+        and made anew (load())."""
+        doc = {"version": VERSION, "entries": {n: e.to_list() for n, e in self.entries.items()}}
+        try:
+            self.sd.write(INDEX_NAME, jsonio.dumps(doc).encode())
+        except OSError:
+            return
+        self.sd.unlink(JOURNAL_NAME)
+        self._journal_lines = 0
