@@ -328,20 +328,24 @@ class NetnsId(NetnsIdV1):
 
 
 class DirId(BaseModel):
+    """The directory a netns path is in: device, inode, and the peer groups of the mount it is on."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     dev: int
     ino: int
+    groups: List[int] = Field(max_length=8)
 
 
 class HostId(BaseModel):
-    """The host a life was recorded on: boot id, machine id, the network namespace the plugin ran in."""
+    """The host a life was recorded on: boot id, machine id, the network and mount namespaces the plugin ran in."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     boot: str = Field(max_length=MAX_TEXT)
     machine: str = Field(max_length=MAX_TEXT)
     netns: int
+    mnt: int
 
 
 class Veth(BaseModel):

@@ -31,8 +31,8 @@ def plant(sb: Sandbox, live_netns: str):
         nat += a
         filt += b
     sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
-    write_records(sb.state_dir(), NET, live + dead)
     write_reservations(sb.cni_dir / "networks", NET, [(c, ip) for c, ip, _, _ in live + dead])
+    write_records(sb, NET, live + dead)
     return live, dead
 
 

@@ -201,7 +201,7 @@ def test_conntrack_entries_of_an_address_a_live_attachment_holds_stay(tmp_path, 
 
     with open_sandbox(tmp_path, "nft", package_exe) as sb:
         live_ns = sb.container()
-        write_records(sb.state_dir(), "nomad-reaper", [("dead-1", "172.26.9.9", 20000, "/var/run/netns/gone-1"),
+        write_records(sb, "nomad-reaper", [("dead-1", "172.26.9.9", 20000, "/var/run/netns/gone-1"),
                                                        ("dead-2", "172.26.9.10", 20001, "/var/run/netns/gone-2"),
                                                        ("live-1", "172.26.9.9", 20002, live_ns)])
         for ip, port in (("172.26.9.9", 1), ("172.26.9.10", 2)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -28,9 +29,10 @@ def test_add_records_attachment_with_netns_identity_ips_and_ports(sandbox):
     # what tells this life from any later one at the same path: the pinned nsfs inode's change time too
     assert cur["netnsId"] == {"dev": st.st_dev, "ino": st.st_ino, "ctime": st.st_ctime_ns}
     d = os.stat(os.path.dirname(netns))
-    assert cur["netnsDir"] == {"dev": d.st_dev, "ino": d.st_ino}
+    assert cur["netnsDir"]["dev"] == d.st_dev and cur["netnsDir"]["ino"] == d.st_ino
+    assert cur["netnsDir"]["groups"]  # /run/netns is shared (iproute2 makes it so): its peer group
     host_ns = sandbox.run(["stat", "-L", "-c", "%i", "/proc/self/ns/net"], check=True).stdout.strip()
-    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert cur["host"]["boot"] == boot and cur["host"]["netns"] == int(host_ns)
     # the host side of the veth pair, as bridge's result names it, with its index in the host netns
     veth = [i["name"] for i in json.loads(proc.stdout)[-1]["interfaces"] if i["name"].startswith("veth")]

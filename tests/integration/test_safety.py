@@ -84,8 +84,8 @@ def layout(sb: Sandbox, rng: random.Random, seed: int):
     for _cid, ip, port, *_ in live + dead + orphans:
         sb.run(["conntrack", *conntrack_entry(ip, port)], check=True)
     sb.run(["conntrack", *conntrack_entry("10.200.0.9", 1)], check=True)  # nobody's
-    write_records(sb.state_dir(), NET, live + dead)
     write_reservations(sb.cni_dir / "networks", NET, [(c, ip) for c, ip, _, _ in live + dead] + [(c, ip) for c, ip, _ in orphans])
+    write_records(sb, NET, live + dead)
     return live, dead, orphans, live_ns
 
 

@@ -6,6 +6,7 @@ plugins instead."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 
@@ -55,18 +56,29 @@ def restore_text(nat: list[str], filt: list[str]) -> str:
     return "*nat\n" + "\n".join(SHARED_NAT + nat) + "\nCOMMIT\n*filter\n" + "\n".join(SHARED_FILTER + filt) + "\nCOMMIT\n"
 
 
-def write_records(state_dir: Path, network: str, items: list[tuple[str, str, int, str]]) -> None:
-    """One record per (container ID, ip, host port, netns path) through the plugin's own store."""
-    from cni_reaper.state.record import incarnation, merge
+def write_records(sb, network: str, items: list[tuple[str, str, int, str]]) -> None:
+    """One record per (container ID, ip, host port, netns path) through the plugin's own store, with the
+    evidence an ADD in sandbox `sb`'s host would have recorded: the namespace and its directory, the host
+    (this boot, the sandbox's host netns) and, where it is planted already, the address's reservation."""
+    from cni_reaper.reap import probes
+    from cni_reaper.state.record import life, merge, settings
     from cni_reaper.state.store import Store
 
-    store = Store(str(state_dir)).open()
+    host = {"boot": probes.host().boot, "machine": probes.host().machine,
+            "netns": os.stat(f"/var/run/netns/{sb.host}").st_ino, "mnt": probes.host().mnt}
+    store = Store(str(sb.state_dir())).open()
     try:
         with store.locked():
             for cid, ip, port, netns in items:
-                inc = incarnation(netns, [{"address": ip, "prefix": 16, "family": 4}],
-                                  [{"hostPort": port, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
-                record, _ = merge(None, network, cid, "eth0", inc, {})
+                observed = probes.observe_life(netns, [])
+                observed.update(host=host, veth=None)
+                found = probes.find_reservation([str(sb.cni_dir / "networks")], network, ip, cid, "eth0")
+                if found is not None:
+                    found["dataDir"] = "/var/lib/cni/networks"  # as the plugin sees it, under the sandbox's mount
+                inc = life(netns, observed, [{"address": ip, "prefix": 16, "family": 4, "reservation": found}],
+                           [{"hostPort": port, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
+                record, _ = merge(None, network, cid, "eth0", inc, {},
+                                  settings("/var/lib/cni/networks", "/var/lib/cni", "auto"))
                 store.save(record)
     finally:
         store.close()

@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 
 from cni_reaper.cni.conf import parse
-from cni_reaper.reap.cleanup import APPLY_ATTEMPTS, clean
+from cni_reaper.reap.cleanup import APPLY_ATTEMPTS, Settings, clean
 from cni_reaper.reap.netfilter.interface import BackendError
 from cni_reaper.reap.targets import Target
 from testkit.artifacts import leak
 from testkit.fake_backend import FakeBackend
+
+pytestmark = pytest.mark.usefixtures("private_host")  # verbs in process: a throwaway netns and mount ns
 
 NET = "nomad"
 EMPTY = "*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n"
@@ -44,9 +46,13 @@ DEAD = [("dead-a", "172.26.64.2", 8080), ("dead-b", "172.26.64.3", 8081)]
 LIVE = ("live-c", "172.26.64.4", 8082)
 
 
-def run(conf, fake: FakeBackend, targets=None, **kw):
+def settings(conf, backend_for, dry_run: bool = False) -> Settings:
+    return Settings([conf.ipamDataDir], conf.lockTimeout, backend_for, dry_run)
+
+
+def run(conf, fake: FakeBackend, targets=None, dry_run: bool = False):
     targets = targets if targets is not None else [target(c, ip) for c, ip, _ in DEAD]
-    return clean(targets, {}, conf, backend_for=lambda key: fake if key in (4, 6) else None, **kw)
+    return clean(targets, {}, settings(conf, lambda key: fake if key in (4, 6) else None, dry_run))
 
 
 def test_one_transaction_removes_exactly_the_dead(conf):
@@ -97,7 +103,7 @@ def test_a_held_lock_on_one_family_does_not_stop_the_other(conf):
     v4, v6 = FakeBackend(text(*DEAD)), FakeBackend(EMPTY, text(("dead-a", "fd00::2", 8080)))
     v4.lock_held = True
     targets = [Target(NET, "dead-a", "eth0", frozenset({"172.26.64.2", "fd00::2"}), whole=True)]
-    outcome = clean(targets, {}, conf, backend_for={4: v4, 6: v6}.get)
+    outcome = clean(targets, {}, settings(conf, {4: v4, 6: v6}.get))
     assert v6.text[6] == text() and v4.text[4] == text(*DEAD)
     assert outcome.failed == {(NET, "dead-a", "eth0")}
     assert any(item.startswith("ipv6 ") for item in outcome.removed[(NET, "dead-a", "eth0")])
@@ -153,10 +159,10 @@ def test_a_missing_tool_matters_only_for_a_family_with_dead_addresses(conf):
         return fake if key == 4 else None
 
     orphan = Target(NET, "dead-a", "", frozenset(), whole=True, any_source=True)  # known by its tags only
-    outcome = clean([orphan], {}, conf, backend_for=no_ip6tables)
+    outcome = clean([orphan], {}, settings(conf, no_ip6tables))
     assert not outcome.errors and not outcome.failed and 6 not in outcome.backends
     dual = Target(NET, "dead-b", "eth0", frozenset({"172.26.64.3", "fd00::3"}), whole=True)
-    outcome = clean([dual], {}, conf, backend_for=no_ip6tables)
+    outcome = clean([dual], {}, settings(conf, no_ip6tables))
     assert outcome.errors == ["ipv6: no ip6tables on PATH"] and outcome.failed == {dual.key}
 
 

@@ -11,11 +11,14 @@ import copy
 import json
 import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cni_reaper.gojson import fold, lookup
 from testkit.cni import NETNS, invoke
+
+pytestmark = pytest.mark.usefixtures("private_host")  # verbs in process: a throwaway netns and mount ns
 
 EXAMPLES = int(os.environ.get("CNI_REAPER_GO_SHAPES_EXAMPLES", "5000"))
 

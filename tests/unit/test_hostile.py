@@ -22,6 +22,8 @@ from cni_reaper.verbs.dispatch import dispatch
 from testkit.cni import NETNS, prev_result
 from testkit.sandbox import binary_exe
 
+pytestmark = pytest.mark.usefixtures("private_host")  # verbs in process: a throwaway netns and mount ns
+
 EXAMPLES = int(os.environ.get("CNI_REAPER_HOSTILE_EXAMPLES", "10000"))
 SPEC_CODES = {1, 2, 3, 4, 5, 6, 7, 11, 50, 51}
 ROOT = Path("/tmp/cni-reaper-hostile")

@@ -10,7 +10,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from testkit.cni import NETNS, conf, prev_result
+
+pytestmark = pytest.mark.usefixtures("private_host")  # verbs in process: a throwaway netns and mount ns
 
 HEAVY = ("pydantic", "pydantic_core", "pyroute2", "iptc", "ipaddress", "subprocess", "datetime", "hashlib",
          "cni_reaper.reap.cleanup", "cni_reaper.reap.netfilter", "cni_reaper.models", "cni_reaper.reap.conntrack",
@@ -46,7 +50,12 @@ def test_add_del_status_with_nothing_stale_import_nothing_heavy(tmp_path):
                         cid=f"other-{i}") == {"rc": 0, "heavy": []}
     add = run_verb("ADD", conf(state, runtimeConfig=ports))
     assert add == {"rc": 0, "heavy": []}
+    # libcni caches the attachment once the chain's ADD is done, and deletes it once the chain's DEL is
+    cached = tmp_path / "cache" / "results" / "nomad-reaper-alloc-1-eth0"
+    cached.parent.mkdir(parents=True)
+    cached.write_text('{"kind": "cniCacheV1"}')
     assert run_verb("DEL", conf(state, runtimeConfig=ports)) == {"rc": 0, "heavy": []}
+    cached.unlink()
     status = run_verb("STATUS", conf(state, "1.1.0", prev=None))
     assert status == {"rc": 0, "heavy": []}
     # the finished DEL's tombstone went without a look at the tables

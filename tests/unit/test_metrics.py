@@ -1,4 +1,4 @@
-"""The counters (metrics.py): what a clean-up adds, that a damaged counter file restarts them instead of
+"""The counters (state/counters.py) and their text (tools/metrics.py): what a clean-up adds, that a damaged counter file restarts them instead of
 failing anything, several state directories merged, and text that a real Prometheus parser reads."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from cni_reaper.reap.cleanup import Outcome
+from cni_reaper.reap.outcome import Outcome
+from cni_reaper.state import counters as metrics
 from cni_reaper.state.store import Store
-from cni_reaper.tools import metrics
+from cni_reaper.tools.metrics import exposition, merge
 
 
 def _outcome(network="n", kinds=(("masquerade", 2), ("reservation", 1)), failed=False) -> Outcome:
@@ -33,7 +34,7 @@ def _samples(text: str) -> dict:
 def test_a_sweep_adds_to_the_counters_and_the_histogram():
     c = metrics.count(metrics.empty(), _outcome(), {"n": 1}, 0.03, "DEL", now=100.0)
     c = metrics.count(c, _outcome(failed=True), {}, 7.0, "DEL", now=200.0)
-    got = _samples(metrics.exposition(c, {("n", "live"): 3}, ["n", "quiet"]))
+    got = _samples(exposition(c, {("n", "live"): 3}, ["n", "quiet"]))
     assert got[("cni_reaper_removed_total", (("kind", "masquerade"), ("network", "n")))] == 4
     assert got[("cni_reaper_removed_total", (("kind", "reservation"), ("network", "n")))] == 2
     assert got[("cni_reaper_attachments_cleaned_total", (("network", "n"),))] == 1
@@ -54,7 +55,7 @@ def test_counters_of_several_state_directories_add_up():
     a = metrics.count(metrics.empty(), _outcome("x"), {"x": 1}, 0.1, "ADD", now=5.0)
     b = metrics.count(metrics.empty(), _outcome("x"), {"x": 2}, 0.2, "ADD", now=9.0)
     b = metrics.count(b, _outcome("y"), {"y": 1}, 0.2, "GC", now=11.0)
-    m = metrics.merge([a, b])
+    m = merge([a, b])
     assert m["attachments"] == {"x": 3, "y": 1} and m["removed"]["x"]["masquerade"] == 4
     assert m["sweeps"]["ADD"]["count"] == 2 and m["lastSweep"] == 11.0 and m["lastFailure"] is None
 
@@ -63,7 +64,7 @@ def test_a_damaged_counter_file_restarts_the_counters(tmp_path):
     store = Store(str(tmp_path / "s")).open()
     with store.locked():
         for junk in (b"", b"{", b"[]", b'{"version": 1, "removed": 3}', b'{"version": 99}', b"\xff\xfe"):
-            assert store.write_aux(metrics.FILE, junk)
+            store.dir.write(metrics.FILE, junk)
             counters = metrics.load(store)
             assert counters["removed"] == {} and counters["version"] == metrics.VERSION
         metrics.add(store, _outcome(), {"n": 1}, 0.01)  # and adding to it works again
@@ -81,7 +82,7 @@ def test_any_network_name_gives_text_prometheus_reads_back(networks, counts):
     c = metrics.empty()
     for network, n in zip(networks, counts * len(networks)):
         c = metrics.count(c, _outcome(network, (("dnat", n),)), {network: n}, 0.5, "sweep", now=1.0)
-    got = _samples(metrics.exposition(c, {}, networks))
+    got = _samples(exposition(c, {}, networks))
     for network, n in zip(networks, counts * len(networks)):
         assert got[("cni_reaper_removed_total", (("kind", "dnat"), ("network", network)))] == n
         assert got[("cni_reaper_attachments_cleaned_total", (("network", network),))] == n

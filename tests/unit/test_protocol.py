@@ -11,6 +11,8 @@ import pytest
 from cni_reaper.cni import versions
 from testkit.cni import NETNS, conf, invoke, prev_result
 
+pytestmark = pytest.mark.usefixtures("private_host")  # verbs in process: a throwaway netns and mount ns
+
 
 def test_version_lists_every_supported_version():
     rc, out = invoke("VERSION", b"")

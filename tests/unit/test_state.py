@@ -13,6 +13,8 @@ import pytest
 from cni_reaper.state.store import record_name
 from testkit.cni import NETNS, conf, invoke, prev_result
 
+pytestmark = pytest.mark.usefixtures("private_host")  # verbs in process: a throwaway netns and mount ns
+
 
 def records(state):
     return [json.loads(p.read_text()) for p in sorted(state.glob("r-*.json"))]
@@ -28,8 +30,9 @@ def test_add_writes_one_private_record_per_attachment(tmp_path):
     assert len(files) == 2 and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     rec = json.loads((state / record_name("nomad-reaper", "alloc-1", "eth0")).read_text())
     st = os.stat(NETNS)
-    assert rec["current"]["netnsId"] == {"dev": st.st_dev, "ino": st.st_ino}
-    assert rec["current"]["ips"] == [{"address": "172.26.64.2", "prefix": 20, "family": 4}]
+    # /proc/self/ns/net is a symlink: its nsfs inode is made anew on each look, so no change time is kept
+    assert rec["current"]["netnsId"] == {"dev": st.st_dev, "ino": st.st_ino, "ctime": None}
+    assert rec["current"]["ips"] == [{"address": "172.26.64.2", "prefix": 20, "family": 4, "reservation": None}]
     assert rec["current"]["portMappings"][0]["hostPort"] == 8080
     assert rec["cniArgs"] == {"IgnoreUnknown": "1", "NOMAD_ALLOC_ID": "alloc-1"}
     assert rec["pluginVersion"] and rec["current"]["createdAt"]
@@ -55,30 +58,34 @@ def test_repeated_add_of_the_same_life_keeps_no_earlier_incarnation(tmp_path):
 
 def _life(address, netns=NETNS):
     from cni_reaper.cni.result import recorded_ips
-    from cni_reaper.state.record import incarnation
+    from cni_reaper.reap.probes import observe_life
+    from cni_reaper.state.record import life
 
-    return incarnation(netns, recorded_ips(prev_result(address=address)), [])
+    return life(netns, observe_life(netns, []), recorded_ips(prev_result(address=address)), [])
+
+
+SETTINGS = {"ipamDataDir": "/i", "cniCacheDir": "/c", "backend": "auto"}
 
 
 def test_re_add_with_new_ip_keeps_the_earlier_incarnation():
     from cni_reaper.state.record import merge
 
-    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
-    second, kept = merge(first, "n", "x", "eth0", _life("172.26.64.9/20"), {})
+    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {}, SETTINGS)
+    second, kept = merge(first, "n", "x", "eth0", _life("172.26.64.9/20"), {}, SETTINGS)
     assert kept and second["current"]["ips"][0]["address"] == "172.26.64.9"
     assert [e["ips"][0]["address"] for e in second["earlier"]] == ["172.26.64.2"]
-    same, kept = merge(second, "n", "x", "eth0", _life("172.26.64.9/20"), {})
+    same, kept = merge(second, "n", "x", "eth0", _life("172.26.64.9/20"), {}, SETTINGS)
     assert not kept and len(same["earlier"]) == 1
 
 
 def test_re_add_after_del_keeps_the_torn_down_life_only_when_it_held_other_addresses():
     from cni_reaper.state.record import merge, tombstone
 
-    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {})
-    first["deleted"] = tombstone(True, True, True, verify=True)
-    again, kept = merge(first, "n", "x", "eth0", _life("172.26.64.3/20"), {})
+    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {}, SETTINGS)
+    first["deleted"] = tombstone(True, True, True, verify=True, cached=True)
+    again, kept = merge(first, "n", "x", "eth0", _life("172.26.64.3/20"), {}, SETTINGS)
     assert kept and again["deleted"] is None and len(again["earlier"]) == 1
-    same, kept = merge(first, "n", "x", "eth0", _life("172.26.64.2/20"), {})
+    same, kept = merge(first, "n", "x", "eth0", _life("172.26.64.2/20"), {}, SETTINGS)
     assert not kept and same["deleted"] is None and same["earlier"] == []
 
 
@@ -87,7 +94,7 @@ def test_earlier_incarnations_are_bounded():
 
     rec = None
     for i in range(2, 30):
-        rec, _ = merge(rec, "n", "x", "eth0", _life(f"172.26.64.{i}/20"), {})
+        rec, _ = merge(rec, "n", "x", "eth0", _life(f"172.26.64.{i}/20"), {}, SETTINGS)
     assert len(rec["earlier"]) == 16 and rec["earlier"][-1]["ips"][0]["address"] == "172.26.64.28"
 
 
@@ -233,7 +240,7 @@ def test_status_fails_only_when_add_could_not_be_served(tmp_path, monkeypatch):
     rc, out = invoke("STATUS", conf(tmp_path / "other", "1.1.0", prev=None))
     assert rc == 1 and out["code"] == 50 and "owned by uid 1234" in out["msg"]
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr("cni_reaper.flavour.FALLBACK_PATH", str(tmp_path))
+    monkeypatch.setattr("cni_reaper.reap.netfilter.flavour.FALLBACK_PATH", str(tmp_path))
     assert invoke("STATUS", conf(tmp_path / "s", "1.1.0", prev=None)) == (0, None)
 
 
@@ -362,13 +369,13 @@ def test_with_nothing_stale_a_verb_reads_only_its_own_record(tmp_path, monkeypat
     state = tmp_path / "s"
     _live_records(state, 30)
     loaded = []
-    original = Store._load_name
+    original = Store.load_named
 
     def counting(self, name, expect=None):
         loaded.append(name)
         return original(self, name, expect)
 
-    monkeypatch.setattr(Store, "_load_name", counting)
+    monkeypatch.setattr(Store, "load_named", counting)
     assert invoke("ADD", conf(state), cid="new")[0] == 0
     assert invoke("DEL", conf(state), cid="new")[0] == 0
     assert invoke("STATUS", conf(state, "1.1.0", prev=None), cid=None, netns=None, ifname=None) == (0, None)
@@ -395,8 +402,11 @@ def test_an_index_that_disagrees_with_the_directory_is_made_anew(tmp_path, damag
         index.write_text("{not json")
     elif damage == "stale-inode":  # a record rewritten by a writer that died before updating the index
         doc = json.loads(records[0].read_text())
-        doc["current"]["netns"] = "/var/run/netns/gone-for-good"
+        (tmp_path / "netns").mkdir()
+        d = os.stat(tmp_path / "netns")
+        doc["current"]["netns"] = str(tmp_path / "netns" / "gone-for-good")  # gone from a directory seen as recorded
         doc["current"]["netnsId"] = None
+        doc["current"]["netnsDir"] = {"dev": d.st_dev, "ino": d.st_ino}
         tmp = state / "copy"
         tmp.write_text(json.dumps(doc))
         os.chmod(tmp, 0o600)
@@ -419,7 +429,7 @@ def test_an_index_that_disagrees_with_the_directory_is_made_anew(tmp_path, damag
 def test_the_index_journal_stays_short_and_a_cut_line_is_found_out(tmp_path):
     """Each ADD appends one line to the journal instead of writing the whole index; past JOURNAL_MAX lines the
     index is written whole. A line cut by a writer that died makes the index be made anew."""
-    from cni_reaper.state.store import JOURNAL_MAX
+    from cni_reaper.state.index import JOURNAL_MAX
 
     state = tmp_path / "s"
     _live_records(state, JOURNAL_MAX + 10)

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from cni_reaper.reap.netfilter.domain import Domain
 
 from cni_reaper import log
-from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
 from cni_reaper.reap.claims import Claims
 from cni_reaper.reap.hostlocal import NetworkDir, locked_dirs, networks_in
 from cni_reaper.reap.outcome import Outcome
@@ -35,7 +34,7 @@ class Settings:
     claims), the lock timeout, and the test hook for backends."""
 
     def __init__(self, data_dirs: list[str], lock_timeout: float, backend_for: Any = None, dry_run: bool = False) -> None:
-        self.data_dirs = list(dict.fromkeys([*data_dirs, *DEFAULT_IPAM_DIRS]))
+        self.data_dirs = list(dict.fromkeys(data_dirs))
         self.lock_timeout, self.backend_for, self.dry_run = lock_timeout, backend_for, dry_run
 
 

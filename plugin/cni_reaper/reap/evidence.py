@@ -53,14 +53,17 @@ TOMBSTONE_GRACE_SECONDS = 60.0
 class Facts:
     """What a life's record (or its index entry) says that the judgement reads."""
 
-    __slots__ = ("boot", "dir", "host_netns", "machine", "netns", "ns", "veth", "veth_index")
+    __slots__ = ("boot", "dir", "groups", "host_netns", "machine", "mnt", "netns", "ns", "veth", "veth_index")
 
     def __init__(self, netns: str, ns: tuple | None, dir_: tuple | None, host: dict[str, Any] | None,
                  veth: dict[str, Any] | None) -> None:
-        self.netns, self.ns, self.dir = netns, ns, dir_
+        self.netns, self.ns = netns, ns
+        self.dir = dir_[:2] if dir_ else None
+        self.groups = tuple(dir_[2]) if dir_ and len(dir_) > 2 else None
         self.boot = host["boot"] if host else None
         self.machine = host["machine"] if host else ""
         self.host_netns = host["netns"] if host else None
+        self.mnt = host.get("mnt") if host else None
         self.veth = veth["name"] if veth else None
         self.veth_index = veth["ifindex"] if veth else None
 
@@ -68,30 +71,21 @@ class Facts:
     def of_life(cls, life: dict[str, Any]) -> Facts:
         n, d = life["netnsId"], life.get("netnsDir")
         return cls(life["netns"], (n["dev"], n["ino"], n.get("ctime")) if n else None,
-                   (d["dev"], d["ino"]) if d else None, life.get("host"), life.get("veth"))
+                   (d["dev"], d["ino"], tuple(d.get("groups", ()))) if d else None, life.get("host"), life.get("veth"))
 
     @classmethod
     def of_entry(cls, e: Entry) -> Facts:
         return cls(e.netns, e.ns, e.dir, e.host, e.veth)
 
 
-def view_dir(netns_path: str) -> str:
-    """The directory whose identity says whether this process sees a netns path as the runtime did: the
-    path's directory, or /proc itself for a /proc/<pid>/ns/net path (whose directory lives and dies with its
-    process)."""
-    return "/proc" if netns_path.startswith("/proc/") else probes.netns_dir(netns_path)
-
-
 class View:
-    """What this process can see now: the host, and per sweep the identities of the netns directories and
-    links it looked at. `known_dirs`: directories verified as the runtime's view in this boot (a record of
-    this boot names them and they are the same now), which is what lets a 0.2 record or a cache entry be
-    judged by its path. `blind`: why something could not be judged, and how often."""
+    """What this process can see now: the host, and per sweep the identities of the netns directories it looked
+    at and the peer groups of the mounts they are on. `blind`: why something could not be judged, how often."""
 
     def __init__(self, host: probes.Host | None = None) -> None:
         self.host = host or probes.host()
         self._dirs: dict[str, tuple | None] = {}
-        self.known_dirs: dict[str, tuple] = {}
+        self._groups: dict[tuple[str, str], frozenset[int]] = {}
         self.blind: dict[str, int] = {}
 
     def dir_now(self, path: str) -> tuple | None:
@@ -100,12 +94,25 @@ class View:
             self._dirs[path] = (d["dev"], d["ino"]) if d else None
         return self._dirs[path]
 
-    def learn(self, facts: Facts) -> None:
-        """A life of this boot whose directory is seen as it was recorded verifies that directory."""
-        if facts.dir is not None and facts.boot == self.host.boot and facts.boot is not None:
-            where = view_dir(facts.netns)
-            if self.dir_now(where) == facts.dir:
-                self.known_dirs[where] = facts.dir
+    def groups(self, where: str, mountinfo: str = "/proc/self/mountinfo") -> frozenset[int]:
+        k = (where, mountinfo)
+        if k not in self._groups:
+            self._groups[k] = frozenset(probes.mount_groups(where, mountinfo) or ())
+        return self._groups[k]
+
+    def sees_mounts_of(self, f: Facts, where: str) -> bool:
+        """Whether a namespace mounted in `where` where the life was recorded is mounted here too: the same
+        mount namespace, or a mount of `where` in one of the peer groups the recorded one was in (mounts
+        propagate to every member and slave of a group). A record of cni-reaper 0.2 names no mount namespace:
+        its runtime is taken to be where PID 1 is."""
+        if f.mnt is not None:
+            if f.mnt == self.host.mnt:
+                return True
+            return bool(f.groups and self.groups(where) & set(f.groups))
+        init = probes.init_mnt()
+        if init is not None and init == self.host.mnt:
+            return True
+        return bool(self.groups(where) & self.groups(where, "/proc/1/mountinfo"))
 
     def note(self, why: str) -> None:
         self.blind[why] = self.blind.get(why, 0) + 1
@@ -118,13 +125,15 @@ def _path_evidence(f: Facts, view: View) -> tuple[str | None, str]:
     if (now is not None and f.ns is not None and (now["dev"], now["ino"]) == f.ns[:2]
             and (f.ns[2] is None or now["ctime"] is None or now["ctime"] == f.ns[2])):
         return LIVE, "its path holds the namespace recorded"
-    where = view_dir(f.netns)
+    where = probes.netns_dir(f.netns)
     current = view.dir_now(where)
-    seen = current is not None and (current == f.dir if f.dir is not None else view.known_dirs.get(where) == current)
-    if not seen:
-        why = (f"{where} is not visible here" if current is None else
-               f"{where} here is not the directory the attachment was recorded in (a private mount namespace?)")
-        return None, why
+    if current is None:
+        return None, f"{where} is not visible here"
+    if f.dir is not None and current != f.dir:
+        return None, f"{where} here is not the directory the attachment was recorded in (a private mount namespace?)"
+    if not view.sees_mounts_of(f, where):
+        return None, (f"this process runs in another mount namespace, whose {where} does not receive the namespaces "
+                      "mounted where the attachment was recorded")
     if now is None:
         return DEAD, f"its netns {f.netns} is gone"
     return DEAD, f"its netns path {f.netns} holds another namespace"
@@ -162,6 +171,14 @@ def judge_life(f: Facts, view: View) -> tuple[str, str]:
     if link == DEAD:
         return DEAD, link_why
     return UNKNOWN, f"{path_why}; {link_why}"
+
+
+def out_of_reach(f: Facts, view: View) -> str | None:
+    """Why this process cannot clean a dead life's leftovers (None: it can): its rules are in the network
+    namespace it was recorded in, and this process runs in another one (in the same boot)."""
+    if f.host_netns is not None and f.boot == view.host.boot and f.host_netns != view.host.netns:
+        return "this process runs in another network namespace than the attachment's host (its rules are there)"
+    return None
 
 
 def judge_tombstone(f: Facts, deleted_at: float, cached: bool | None, cached_now: bool | None, view: View,

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
 from cni_reaper.errors import TRY_AGAIN_LATER, CniError
+from cni_reaper.locking import flock_within
 from cni_reaper.reap import probes
-from cni_reaper.state.locking import flock_within
 
 LOCK_NAME = "lock"
 

@@ -29,18 +29,21 @@ if TYPE_CHECKING:
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MACHINE_ID = "/etc/machine-id"
 SELF_NETNS = "/proc/self/ns/net"
+SELF_MNTNS = "/proc/self/ns/mnt"
+INIT_MNTNS = "/proc/1/ns/mnt"
 RESERVATION_MAX = 4096
 
 
 class Host:
     """What this process runs on and in, read once per process."""
 
-    __slots__ = ("boot", "machine", "netns", "nsfs", "problem")
+    __slots__ = ("boot", "machine", "mnt", "netns", "nsfs", "problem")
 
     def __init__(self) -> None:
         self.boot = _read_line(BOOT_ID)
         self.machine = _read_line(MACHINE_ID) or ""
         self.problem = ""
+        self.mnt = _ino(SELF_MNTNS)
         try:
             st = os.stat(SELF_NETNS)
             self.netns: int | None = st.st_ino
@@ -52,9 +55,21 @@ class Host:
             self.problem = f"{BOOT_ID} cannot be read"
 
     def as_record(self) -> dict[str, Any] | None:
-        if self.boot is None or self.netns is None:
+        if self.boot is None or self.netns is None or self.mnt is None:
             return None
-        return {"boot": self.boot, "machine": self.machine, "netns": self.netns}
+        return {"boot": self.boot, "machine": self.machine, "netns": self.netns, "mnt": self.mnt}
+
+
+def _ino(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def init_mnt() -> int | None:
+    """The mount namespace of PID 1 (where a runtime run by the init system usually is)."""
+    return _ino(INIT_MNTNS)
 
 
 def _read_line(path: str) -> str | None:
@@ -95,7 +110,7 @@ def netns_id(path: str | None) -> dict[str, Any] | None:
     return {"dev": st.st_dev, "ino": st.st_ino, "ctime": st.st_ctime_ns if pinned else None}
 
 
-def dir_id(path: str) -> dict[str, int] | None:
+def dir_id(path: str) -> dict[str, Any] | None:
     try:
         st = os.stat(path)
     except (OSError, ValueError):
@@ -104,7 +119,45 @@ def dir_id(path: str) -> dict[str, int] | None:
 
 
 def netns_dir(path: str) -> str:
+    """The directory whose identity says whether this process sees a netns path as the runtime did: the
+    path's directory, or /proc itself for a /proc/<pid>/ns/net path (whose directory lives and dies with its
+    process)."""
+    if path.startswith("/proc/"):
+        return "/proc"
     return os.path.dirname(path.rstrip("/")) or "/"
+
+
+def mount_groups(directory: str, mountinfo: str = "/proc/self/mountinfo") -> list[int] | None:
+    """The peer groups (`shared:N`, `master:N` in mountinfo) of the mount that `directory` is on, as the process
+    whose mountinfo it is sees it: a namespace mounted in that directory by any member of such a group is seen
+    by every member and slave of it. [] for a private mount; None when mountinfo cannot be read."""
+    try:
+        with open(mountinfo, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    target = os.path.realpath(directory)
+    best, groups = -1, []
+    for line in data.split(b"\n"):
+        fields = line.split(b" ")
+        if len(fields) < 7:
+            continue
+        point = fields[4].decode(errors="replace").replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:  # the longest covering mount point; the last of equals is on top
+            best, groups = len(point), _tags(fields[6:])
+    return groups
+
+
+def _tags(optional: list[bytes]) -> list[int]:
+    out = []
+    for field in optional:
+        if field == b"-":
+            break
+        name, _, n = field.partition(b":")
+        if name in (b"shared", b"master") and n.isdigit():
+            out.append(int(n))
+    return out
 
 
 def link_index(name: str) -> int | None:
@@ -126,8 +179,13 @@ def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
         if index is not None:
             veth = {"name": name, "ifindex": index}
             break
-    return {"netnsId": netns_id(netns_path), "netnsDir": dir_id(netns_dir(netns_path)) if netns_path else None,
-            "host": h.as_record(), "veth": veth}
+    directory = None
+    if netns_path:
+        where = netns_dir(netns_path)
+        directory = dir_id(where)
+        if directory is not None:
+            directory["groups"] = mount_groups(where) or []
+    return {"netnsId": netns_id(netns_path), "netnsDir": directory, "host": h.as_record(), "veth": veth}
 
 
 # -- host-local's reservations --------------------------------------------------------------------

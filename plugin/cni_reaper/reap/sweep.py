@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.store import Store
 
 from cni_reaper import log
+from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
 from cni_reaper.reap import cache, probes
 from cni_reaper.reap.evidence import (
     DEAD,
@@ -34,6 +35,7 @@ from cni_reaper.reap.evidence import (
     View,
     judge_life,
     judge_tombstone,
+    out_of_reach,
 )
 from cni_reaper.state.record import ips, key, parse_time
 
@@ -116,6 +118,9 @@ def _judge(sel: Selection, r: dict[str, Any], confs: dict[str, Any], default: An
     k = key(r)
     s = settings_of(r, confs)
     state, why = verdict or judge_record(r, sel.view, (s or Settings.of_conf(default)).cache_dir)
+    far = out_of_reach(Facts.of_life(r["current"]), sel.view)
+    if far and state in SWEEPABLE:
+        state, why = UNKNOWN, far
     earlier = [judge_life(Facts.of_life(inc), sel.view) for inc in r["earlier"]]
     if state in HOLDING or k in exclude:
         sel.hold(k, ips(r["current"]))
@@ -135,9 +140,6 @@ def select(records: Iterable[dict[str, Any]], view: View, confs: dict[str, Any],
     """Judge `records` (or take `verdicts` for them: GC's). `confs`: network -> its configuration, for
     records that carry no settings; `default`: the caller's configuration (its data dir is looked at too)."""
     sel = Selection(view)
-    records = list(records)
-    for r in records:
-        view.learn(Facts.of_life(r["current"]))
     for r in records:
         j = _judge(sel, r, confs, default, exclude, (verdicts or {}).get(key(r)))
         if j.key in exclude or (only_network and r["network"] != only_network):
@@ -157,8 +159,6 @@ def select_indexed(store: Store, view: View, conf: Any, exclude: frozenset = fro
     to be cleaned, have earlier lives, or cannot be judged (what they hold must be known whole)."""
     sel = Selection(view)
     entries = store.entries()
-    for e in entries.values():
-        view.learn(Facts.of_entry(e))
     wanted = []
     for name, e in entries.items():
         state = judge_entry(e, view, conf.cniCacheDir)
@@ -263,7 +263,7 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         out.unknown = dict(sel.view.blind)
         return out
     started = time.monotonic()
-    settings = CleanSettings(sel.data_dirs, conf.lockTimeout, backend_for, dry_run)
+    settings = CleanSettings([*sel.data_dirs, *DEFAULT_IPAM_DIRS], conf.lockTimeout, backend_for, dry_run)
     outcome = clean(targets, sel.holders, settings)
     outcome.unknown = dict(sel.view.blind)
     if not dry_run and store is not None:
@@ -304,9 +304,6 @@ def stale(store: Store, conf: Any, view: View, exclude: frozenset = frozenset())
     without a look at the tables)."""
     found, done = False, []
     entries = store.entries()
-    for e in entries.values():
-        if e.deleted_at is None and e.dir is not None:
-            view.learn(Facts.of_entry(e))
     for e in entries.values():
         if e.key in exclude:
             continue

@@ -58,7 +58,7 @@ class Entry:
         cur, dead, s = record["current"], record["deleted"], record["settings"]
         n, d = cur["netnsId"], cur["netnsDir"]
         return cls(ino, record["network"], record["containerID"], record["ifname"], cur["netns"],
-                   (n["dev"], n["ino"], n["ctime"]) if n else None, (d["dev"], d["ino"]) if d else None,
+                   (n["dev"], n["ino"], n["ctime"]) if n else None, (d["dev"], d["ino"], tuple(d["groups"])) if d else None,
                    cur["host"], cur["veth"], parse_time(dead["at"]) if dead is not None else None,
                    dead["cached"] if dead is not None else None, dead["verify"] if dead is not None else False,
                    bool(record["earlier"]), sorted(ip["address"] for ip in cur["ips"]),
@@ -66,8 +66,9 @@ class Entry:
 
     def to_list(self) -> list[Any]:
         h, v = self.host, self.veth
+        d = self.dir
         return [self.ino, self.network, self.cid, self.ifname, self.netns, list(self.ns) if self.ns else None,
-                list(self.dir) if self.dir else None, [h["boot"], h["machine"], h["netns"]] if h else None,
+                [d[0], d[1], list(d[2])] if d else None, [h["boot"], h["machine"], h["netns"], h["mnt"]] if h else None,
                 [v["name"], v["ifindex"]] if v else None, self.deleted_at, self.cached, self.verify, self.earlier,
                 self.ips, self.cache_dir]
 
@@ -79,9 +80,11 @@ class Entry:
         except (TypeError, ValueError):
             return None
         if not (_is_int(ino) and all(isinstance(x, str) for x in (network, cid, ifname, netns))
-                and (ns is None or _ints(ns, 3, last_optional=True)) and (dir_ is None or _ints(dir_, 2))
-                and (host is None or (isinstance(host, list) and len(host) == 3 and isinstance(host[0], str)
-                                      and isinstance(host[1], str) and _is_int(host[2])))
+                and (ns is None or _ints(ns, 3, last_optional=True))
+                and (dir_ is None or (isinstance(dir_, list) and len(dir_) == 3 and _is_int(dir_[0]) and _is_int(dir_[1])
+                                      and isinstance(dir_[2], list) and all(_is_int(g) for g in dir_[2])))
+                and (host is None or (isinstance(host, list) and len(host) == 4 and isinstance(host[0], str)
+                                      and isinstance(host[1], str) and _is_int(host[2]) and _is_int(host[3])))
                 and (veth is None or (isinstance(veth, list) and len(veth) == 2 and isinstance(veth[0], str)
                                       and _is_int(veth[1])))
                 and (at is None or (isinstance(at, (int, float)) and not isinstance(at, bool)))
@@ -89,8 +92,9 @@ class Entry:
                 and isinstance(ips, list) and all(isinstance(x, str) for x in ips)
                 and (cache_dir is None or isinstance(cache_dir, str))):
             return None
-        return cls(ino, network, cid, ifname, netns, tuple(ns) if ns else None, tuple(dir_) if dir_ else None,
-                   {"boot": host[0], "machine": host[1], "netns": host[2]} if host else None,
+        return cls(ino, network, cid, ifname, netns, tuple(ns) if ns else None,
+                   (dir_[0], dir_[1], tuple(dir_[2])) if dir_ else None,
+                   {"boot": host[0], "machine": host[1], "netns": host[2], "mnt": host[3]} if host else None,
                    {"name": veth[0], "ifindex": veth[1]} if veth else None, at, cached, verify, earlier, ips, cache_dir)
 
 

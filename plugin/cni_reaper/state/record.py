@@ -250,8 +250,8 @@ _LIFE = {1: frozenset(("netns", "netnsId", "ips", "portMappings", "createdAt")),
          2: frozenset(("netns", "netnsId", "netnsDir", "host", "veth", "ips", "portMappings", "createdAt"))}
 _NETNS_ID = frozenset(("dev", "ino"))
 _NETNS_ID2 = frozenset(("dev", "ino", "ctime"))
-_DIR_ID = frozenset(("dev", "ino"))
-_HOST = frozenset(("boot", "machine", "netns"))
+_DIR_ID = frozenset(("dev", "ino", "groups"))
+_HOST = frozenset(("boot", "machine", "netns", "mnt"))
 _VETH = frozenset(("name", "ifindex"))
 _IP = {1: frozenset(("address", "prefix", "family")), 2: frozenset(("address", "prefix", "family", "reservation"))}
 _RESERVATION = frozenset(("dataDir", "dev", "ino", "mtime", "ctime"))
@@ -278,10 +278,12 @@ def _netns_id_problem(ns: Any, schema: int) -> bool:
 def _evidence_problem(inc: dict[str, Any]) -> bool:
     """Whether the schema 2 fields of a life are malformed."""
     d, host, veth = inc["netnsDir"], inc["host"], inc["veth"]
-    if d is not None and not _ints(d, _DIR_ID):
+    if d is not None and not (_keys(d, _DIR_ID) and _is_int(d["dev"]) and _is_int(d["ino"])
+                              and isinstance(d["groups"], list) and len(d["groups"]) <= 8
+                              and all(_is_int(g) for g in d["groups"])):
         return True
     if host is not None and not (_keys(host, _HOST) and _text(host["boot"]) and _text(host["machine"])
-                                 and _is_int(host["netns"])):
+                                 and _is_int(host["netns"]) and _is_int(host["mnt"])):
         return True
     return veth is not None and not (_keys(veth, _VETH) and _text(veth["name"]) and _is_int(veth["ifindex"]))
 

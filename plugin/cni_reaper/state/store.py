@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
+from cni_reaper.locking import flock_within
 from cni_reaper.state.index import Entry, Index
-from cni_reaper.state.locking import flock_within
 from cni_reaper.state.record import MAX_RECORD_BYTES, key, problem, upgrade
 from cni_reaper.state.safedir import SafeDir
 

@@ -163,13 +163,10 @@ def _records(state_dir: str) -> list[dict]:
 
 def _states(records: list[dict], group: list[Context], view) -> dict[tuple[str, str, str], tuple[str, str]]:
     """Each record's state and why, judged as the sweep judges it (with its own settings)."""
-    from cni_reaper.reap.evidence import Facts
     from cni_reaper.reap.sweep import Settings, judge_record, settings_of
     from cni_reaper.state.record import key
 
     confs = {c.network: c.conf for c in group if c.network}
-    for r in records:
-        view.learn(Facts.of_life(r["current"]))
     out = {}
     for r in records:
         s = settings_of(r, confs) or Settings.of_conf(group[0].conf)

@@ -42,9 +42,6 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
     Never the reservations: bridge's DEL always has host-local release them (even with no netns), and a
     reservation released before the firewall plugin's DEL has run could be given to an attachment whose
     rules that DEL would then delete."""
-    from cni_reaper.reap.sweep import Judged, Settings, dead_target, earlier_target, settings_of
-    from cni_reaper.reap.targets import PARTS
-
     conf = inv.conf
     same = _same_life(record, inv)
     parts = set()
@@ -56,6 +53,8 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
     if same and not parts and not record["earlier"]:
         return []  # the common case: the downstream plugins remove everything; nothing to import
     from cni_reaper.reap.evidence import Facts, judge_life
+    from cni_reaper.reap.sweep import Judged, Settings, dead_target, earlier_target, settings_of
+    from cni_reaper.reap.targets import PARTS
 
     s = settings_of(record, {conf.name: conf}) or Settings.of_conf(conf)
     earlier = [judge_life(Facts.of_life(inc), view) for inc in record["earlier"]]

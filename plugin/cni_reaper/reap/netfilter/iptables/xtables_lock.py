@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+from cni_reaper.locking import flock_within
 from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
-from cni_reaper.state.locking import flock_within
 
 LOCK_PATH = os.environ.get("XTABLES_LOCKFILE", "/run/xtables.lock")
 
