@@ -48,7 +48,17 @@ from cni_reaper.cni.result import (
     RESULT_RESETTABLE,
 )
 from cni_reaper.gojson import pick
-from cni_reaper.state.record import MAX_ARG_KEY, MAX_ARG_VALUE, MAX_ARGS, MAX_IPS, MAX_PORTS, MAX_TEXT
+from cni_reaper.state.record import (
+    MAX_ARG_KEY,
+    MAX_ARG_VALUE,
+    MAX_ARGS,
+    MAX_DIR,
+    MAX_HOST,
+    MAX_IPS,
+    MAX_LINK,
+    MAX_PORTS,
+    MAX_TEXT,
+)
 from cni_reaper.state.record import MAX_EARLIER as MAX_EARLIER_INCARNATIONS
 
 # These models run on Python 3.9 too (the release is built on Debian 11): typing's Optional/List, not `X | None`.
@@ -342,8 +352,8 @@ class HostId(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    boot: str = Field(max_length=MAX_TEXT)
-    machine: str = Field(max_length=MAX_TEXT)
+    boot: str = Field(max_length=MAX_HOST)
+    machine: str = Field(max_length=MAX_HOST)
     netns: int
     mnt: int
 
@@ -353,7 +363,7 @@ class Veth(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str = Field(max_length=MAX_TEXT)
+    name: str = Field(max_length=MAX_LINK)
     ifindex: int
 
 
@@ -362,7 +372,7 @@ class ReservationId(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    dataDir: str = Field(max_length=MAX_TEXT)
+    dataDir: str = Field(max_length=MAX_DIR)
     dev: int
     ino: int
     mtime: int

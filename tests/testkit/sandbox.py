@@ -180,6 +180,7 @@ class Sandbox:
         self.bin_dir = flavour_bin_dir(root, flavour)
         self.host = unique("crt-h")
         self.containers: list[str] = []
+        self.boot_file: Path | None = None  # after reboot(): the boot id the sandbox's processes read
         os.makedirs("/var/lib/cni", exist_ok=True)  # the mount point; empty on a fresh machine
         sh("ip", "netns", "add", self.host)
         self.run(["ip", "link", "set", "lo", "up"])
@@ -219,9 +220,11 @@ class Sandbox:
 
     def wrap(self, argv: list[str], pre: str = "") -> list[str]:
         """argv run inside the host netns, in a private mount namespace with the sandbox's /var/lib/cni and
-        /var/log (and `pre`, shell commands run first in that namespace, e.g. to hide a binary)."""
+        /var/log, and after reboot() its own boot id (and `pre`, shell commands run first in that namespace,
+        e.g. to hide a binary)."""
+        boot = f'mount --bind "{self.boot_file}" /proc/sys/kernel/random/boot_id && ' if self.boot_file else ""
         return ["ip", "netns", "exec", self.host, "sh", "-c",
-                f'mount --bind "$0" /var/lib/cni && mount --bind "$1" /var/log && shift && '
+                f'mount --bind "$0" /var/lib/cni && mount --bind "$1" /var/log && shift && {boot}'
                 f'{pre + " && " if pre else ""}exec "$@"', str(self.cni_dir), str(self.var_log), *argv]
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, input: str | None = None,
@@ -332,10 +335,20 @@ class Sandbox:
         out += [f"reservation {ip}" for ip, owner in self.reservations(network).items() if owner == cid]
         return out
 
-    def reboot(self) -> None:
+    def reboot(self, tmpfs_dirs: tuple[str, ...] = ()) -> None:
         """A host reboot with restored rules (Nomad #18842): every namespace is gone, the saved rules are put
-        back into a fresh host netns, /var/lib/cni (records, reservations) survives."""
+        back into a fresh host netns, the sandbox's processes read a new boot id, /var/lib/cni (records,
+        reservations) survives but for `tmpfs_dirs` (paths under it that are emptied, as a tmpfs is: Nomad
+        1.9.4+ keeps host-local's reservations in /var/run/cni)."""
+        import uuid
+
         saved = {f: self.save(f) for f in (4, 6)}
+        self.boot_file = self.root / f"boot-id-{next(_counter)}"
+        self.boot_file.write_text(f"{uuid.uuid4()}\n")
+        for rel in tmpfs_dirs:
+            d = self.cni_dir / rel
+            if d.exists():
+                shutil.rmtree(d)
         for name in self.containers + [self.host]:
             sh("ip", "netns", "del", name, check=False)
         self.containers.clear()
@@ -478,3 +491,73 @@ def open_sandbox(root: Path, flavour: str, exe: str, stack: Stack = DEBIAN12) ->
         return Sandbox(root, flavour, exe, driver_for(stack.runtime), stack)
     except RuntimeError as exc:
         pytest.fail(str(exc))
+
+
+STALL_PLUGIN = r'''#!/usr/bin/env python3
+# A chained test plugin, put just before cni-reaper: passes prevResult through, and for a container ID that has a
+# `<dir>/<id>.hold` file it stops there (after bridge, firewall and portmap made the attachment's rules and
+# reservation, before cni-reaper records it) until `<dir>/<id>.go` exists, saying so with `<dir>/<id>.reached`.
+import json, os, sys, time
+d = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "..", "stall")  # <sandbox>/plugins/stall -> <sandbox>/stall
+cmd, cid = os.environ.get("CNI_COMMAND", ""), os.environ.get("CNI_CONTAINERID", "")
+if cmd == "VERSION":
+    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}))
+    sys.exit(0)
+conf = json.load(sys.stdin)
+if cmd == "ADD":
+    if os.path.exists(os.path.join(d, cid + ".hold")):
+        open(os.path.join(d, cid + ".reached"), "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(d, cid + ".go")) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    result = dict(conf.get("prevResult") or {})
+    result.setdefault("cniVersion", conf.get("cniVersion", "1.0.0"))
+    print(json.dumps(result))
+'''
+
+
+def add_stall_plugin(sb: Sandbox, conflist: Path) -> tuple[Path, Path]:
+    """The conflist with the stall plugin just before cni-reaper (written beside it), and the plugin's
+    directory of hold/reached/go files. The plugin is found first on the sandbox's plugin path."""
+    stall_dir = sb.root / "stall"
+    stall_dir.mkdir(exist_ok=True)
+    exe = sb.plugin_dir / "stall"
+    if not exe.exists():
+        exe.write_text(STALL_PLUGIN)
+        exe.chmod(0o755)
+    data = json.loads(conflist.read_text())
+    at = next(i for i, p in enumerate(data["plugins"]) if p["type"] == "cni-reaper")
+    data["plugins"].insert(at, {"type": "stall"})
+    out = conflist.with_name(conflist.stem + "-stall.conflist")
+    out.write_text(json.dumps(data))
+    return out, stall_dir
+
+
+class Held:
+    """An ADD held between the reference plugins and cni-reaper (see STALL_PLUGIN): started at construction,
+    `wait()` returns once it is held, `release()` lets it finish and returns its result."""
+
+    def __init__(self, sb: Sandbox, conflist: Path, stall_dir: Path, cid: str, netns: str, ports: tuple[str, ...] = ()) -> None:
+        self.sb, self.dir, self.cid = sb, stall_dir, cid
+        (stall_dir / f"{cid}.hold").touch()
+        argv = [sb.driver_bin, "-conflist", str(conflist), "-plugindir", f"{sb.plugin_dir}:{sb.plugins}", "-op", "add",
+                "-id", cid, "-netns", netns, "-ports", "omit"]
+        if sb.stack.status:
+            argv.append("-status")
+        for p in ports:
+            argv += ["-port", p]
+        self.proc = subprocess.Popen(sb.wrap(argv), env=sb.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.dir / f"{self.cid}.reached").exists():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the held ADD ended early: {self.proc.stderr.read() if self.proc.stderr else ''}")
+            if time.monotonic() > deadline:
+                raise AssertionError("the held ADD never reached the stall plugin")
+            time.sleep(0.005)
+
+    def release(self) -> subprocess.CompletedProcess:
+        (self.dir / f"{self.cid}.go").touch()
+        out, err = self.proc.communicate(timeout=120)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)

@@ -36,7 +36,10 @@ MAX_IPS = 16  # addresses recorded per life (an attachment has one or two)
 MAX_PORTS = 1024  # port mappings recorded per life (only informational: DNAT rules are found by their tag)
 MAX_ARGS = 64  # CNI_ARGS pairs (the shell reads no more)
 MAX_ARG_KEY, MAX_ARG_VALUE = 256, 4096
-MAX_TEXT = 4096  # a path or name recorded
+MAX_TEXT = 4096  # a path or name recorded (CNI_NETNS: the shell takes no longer one)
+MAX_DIR = 1024  # a data dir recorded (a configured path: conf.MAX_PATH)
+MAX_HOST = 256  # a boot id or machine id (36 and 32 characters)
+MAX_LINK = 15  # a link name (IFNAMSIZ - 1)
 # Larger than any record the builders can make with the limits above (every string escaped to \\uXXXX):
 MAX_RECORD_BYTES = 8 << 20
 
@@ -107,6 +110,8 @@ def life(netns_path: str, observed: dict[str, Any], ips: list[dict[str, Any]], p
     (netnsId, netnsDir, host, veth; each None when not known); `ips` carry their `reservation` (or None).
     What is past a limit is cut, with a warning."""
     warn = warnings if warnings is not None else []
+    observed = _bounded(observed)
+    ips = [dict(ip, reservation=_bounded_reservation(ip.get("reservation"))) for ip in ips]
     if len(ips) > MAX_IPS:
         warn.append(f"{len(ips)} addresses: only the first {MAX_IPS} recorded")
     if len(port_mappings) > MAX_PORTS:
@@ -122,6 +127,23 @@ def life(netns_path: str, observed: dict[str, Any], ips: list[dict[str, Any]], p
         "portMappings": port_mappings[:MAX_PORTS],
         "createdAt": iso_now(),
     }
+
+
+def _bounded(observed: dict[str, Any]) -> dict[str, Any]:
+    """Evidence past its limits is not kept (it is read from the kernel and the file system, which make none)."""
+    out = dict(observed)
+    host, veth, d = out.get("host"), out.get("veth"), out.get("netnsDir")
+    if host is not None and (len(host["boot"]) > MAX_HOST or len(host["machine"]) > MAX_HOST):
+        out["host"] = None
+    if veth is not None and len(veth["name"]) > MAX_LINK:
+        out["veth"] = None
+    if d is not None and len(d["groups"]) > 8:
+        out["netnsDir"] = dict(d, groups=d["groups"][:8])
+    return out
+
+
+def _bounded_reservation(r: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if r is None or len(r["dataDir"]) > MAX_DIR else r
 
 
 def settings(ipam_data_dir: str, cni_cache_dir: str, backend: str) -> dict[str, str]:
@@ -231,8 +253,8 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _text(v: Any) -> bool:
-    return isinstance(v, str) and len(v) <= MAX_TEXT
+def _text(v: Any, limit: int = MAX_TEXT) -> bool:
+    return isinstance(v, str) and len(v) <= limit
 
 
 def _keys(d: Any, required: frozenset, optional: frozenset = frozenset()) -> bool:
@@ -282,10 +304,10 @@ def _evidence_problem(inc: dict[str, Any]) -> bool:
                               and isinstance(d["groups"], list) and len(d["groups"]) <= 8
                               and all(_is_int(g) for g in d["groups"])):
         return True
-    if host is not None and not (_keys(host, _HOST) and _text(host["boot"]) and _text(host["machine"])
+    if host is not None and not (_keys(host, _HOST) and _text(host["boot"], MAX_HOST) and _text(host["machine"], MAX_HOST)
                                  and _is_int(host["netns"]) and _is_int(host["mnt"])):
         return True
-    return veth is not None and not (_keys(veth, _VETH) and _text(veth["name"]) and _is_int(veth["ifindex"]))
+    return veth is not None and not (_keys(veth, _VETH) and _text(veth["name"], MAX_LINK) and _is_int(veth["ifindex"]))
 
 
 def _ip_problem(ip: Any, schema: int) -> bool:
@@ -293,7 +315,7 @@ def _ip_problem(ip: Any, schema: int) -> bool:
             and _is_int(ip["prefix"]) and 0 <= ip["prefix"] <= 128 and _is_int(ip["family"]) and ip["family"] in (4, 6)):
         return True
     r = ip.get("reservation")
-    return r is not None and not (_keys(r, _RESERVATION) and _text(r["dataDir"])
+    return r is not None and not (_keys(r, _RESERVATION) and _text(r["dataDir"], MAX_DIR)
                                   and all(_is_int(r[k]) for k in ("dev", "ino", "mtime", "ctime")))
 
 

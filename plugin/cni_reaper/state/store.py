@@ -141,8 +141,12 @@ class Store:
         if not index.load(found):
             for name in sorted(found):
                 record = self.load_named(name)
-                if record is not None:
+                if record is None:
+                    continue
+                try:
                     index.entries[name] = Entry.of_record(record, found[name])
+                except (KeyError, TypeError, ValueError) as exc:  # the check let through what a reader cannot read
+                    self._quarantine(name, f"cannot be indexed: {exc}")
             index.write_whole()
         self.index = index
 
