@@ -29,9 +29,12 @@ def sb(tmp_path, flavour, package_exe, two_stacks):
 
 
 def cli(sb, *args, pre: str = "", prefix: tuple[str, ...] = ()):
-    """The CLI as an operator runs it on the client (no conflist: defaults and flags)."""
-    argv = [*prefix, str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(sb.root / "no-conflists")]
-    return sb.run(argv, pre=pre)
+    """The CLI as an operator runs it on the client (no conflist: defaults and flags); `prefix` (e.g. nsenter)
+    runs first, then the shell commands `pre`, then the CLI."""
+    argv = [str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(sb.root / "no-conflists")]
+    if pre:
+        argv = ["sh", "-c", f'{pre} && exec "$@"', "sh", *argv]
+    return sb.run([*prefix, *argv])
 
 
 def snapshot(sb, network: str, cid: str, ips: list[str]) -> tuple[list[str], dict[str, tuple]]:

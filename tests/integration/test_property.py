@@ -1,0 +1,272 @@
+"""A stateful property test with real concurrency: a seeded random walk over what a Nomad client and the
+things beside it do, several at a time, through go-cni 1.1.13 (STATUS before every call, as Nomad 1.9.5+)
+with the reference plugins 1.9 and cni-reaper chained last, in a small address range so that addresses are
+reused. Steps: ADD of a new allocation, DEL, an allocation that dies without DEL, the late DEL of a dead one,
+CHECK, the recreate after a failed CHECK (netns destroyed and made again at the same path, ADD, no DEL),
+STATUS, `sweep --apply`, `sweep --apply --orphans`, GC (libcni 1.3's, with the live allocations as the valid
+list), a reboot (every netns gone, host-local's directory emptied as a tmpfs is, the rules restored, a new
+boot id) and allocations restored at their old paths.
+
+After every step: every live allocation's rules (every table, native nftables too) and reservation are
+exactly what the reference plugins made for it; every ADD that the reference plugins alone would accept (a
+free address in the range) succeeded, and every recreate succeeded; at the end, after one more sweep,
+nothing of a dead allocation is left.
+
+CNI_REAPER_PROPERTY_STEPS (default 1000 per flavour) and CNI_REAPER_PROPERTY_SEED (printed on failure) to replay
+or to run longer."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import threading
+from typing import Any
+
+import pytest
+
+from testkit.sandbox import Sandbox, Stack, open_sandbox, sh, unique
+
+pytestmark = pytest.mark.netns
+NET = "nomad-reaper"
+STEPS = int(os.environ.get("CNI_REAPER_PROPERTY_STEPS", "1000"))
+SEED = os.environ.get("CNI_REAPER_PROPERTY_SEED")
+RANGE = [f"172.26.64.{i}" for i in range(10, 16)]  # six addresses
+ADDRESS = re.compile(r"(\d+\.\d+\.\d+\.\d+)(?:/32|:\d+)")
+
+
+class Alloc:
+    def __init__(self, cid: str, netns: str, port: int) -> None:
+        self.cid, self.netns, self.port = cid, netns, port
+        self.ips: list[str] = []
+        self.made: tuple | None = None  # its lines and reservations as the reference plugins made them
+
+    @property
+    def ports(self) -> tuple[str, ...]:
+        return (f"{self.port}:80/tcp", f"{self.port}:80/udp")
+
+
+class Walk:
+    def __init__(self, sb: Sandbox, rng: random.Random, conflist) -> None:
+        self.sb, self.rng, self.conflist = sb, rng, conflist
+        self.live: dict[str, Alloc] = {}
+        self.dead: dict[str, Alloc] = {}  # died without DEL (or with the host): may get a late DEL, or be restored
+        self.gone: dict[str, Alloc] = {}  # DEL'd: nothing of it may stay
+        self.ports = iter(range(20000, 60000))
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+
+    # -- what the plugins made, and what is there now ---------------------------------------------------
+    def lines(self, a: Alloc, tables: str | None = None) -> tuple[list[str], dict[str, str]]:
+        lines = [l for l in self.sb.residue(NET, a.cid, a.ips, tables) if all(x in a.ips for x in ADDRESS.findall(l))]
+        res = {ip: who for ip, who in self.sb.reservations(NET).items() if who == a.cid}
+        return sorted(lines), res
+
+    def well_formed(self, a: Alloc, lines: list[str], res: dict[str, str]) -> str | None:
+        """Whether lines and reservations are what bridge, firewall and portmap make for one attachment."""
+        [ip] = a.ips
+        need = [f"-A POSTROUTING -s {ip}/32", f"-A CNI-FORWARD -s {ip}/32", f"-A CNI-FORWARD -d {ip}/32",
+                f"--dports {a.port} ", f"--to-destination {ip}:80"]
+        missing = [n for n in need if not any(n in l for l in lines)]
+        if missing or res != {ip: a.cid}:
+            return f"{a.cid} ({ip}): missing {missing}, reservations {res}"
+        return None
+
+    # -- steps --------------------------------------------------------------------------------------------
+    def free(self) -> int:
+        held = set(self.sb.reservations(NET))
+        return len([ip for ip in RANGE if ip not in held])
+
+    def _add(self, a: Alloc, expect: bool, what: str) -> None:
+        proc = self.sb.driver("add", a.cid, a.netns, a.ports, self.conflist)
+        if proc.returncode != 0:
+            if expect:
+                self.fail(f"{what} of {a.cid} failed though the plugins alone accept it: {proc.stderr[-400:]}")
+            with self.lock:
+                self.dead[a.cid] = a  # whatever its failed ADD or an earlier life left must go
+            return
+        a.ips = [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
+        with self.lock:
+            self.live[a.cid] = a
+
+    def add(self, expect: bool) -> None:
+        self._add(Alloc(unique("alloc-"), self.sb.container(), next(self.ports)), expect, "ADD")
+
+    def delete(self, a: Alloc) -> None:
+        proc = self.sb.driver("del", a.cid, a.netns, a.ports, self.conflist)
+        if proc.returncode != 0:
+            self.fail(f"DEL of {a.cid} failed: {proc.stderr[-400:]}")
+        self.sb.remove_container(a.netns)
+        with self.lock:
+            self.gone[a.cid] = a
+
+    def kill(self, a: Alloc) -> None:
+        self.sb.remove_container(a.netns)
+        with self.lock:
+            self.dead[a.cid] = a
+
+    def late_del(self, a: Alloc) -> None:
+        proc = self.sb.driver("del", a.cid, a.netns, a.ports, self.conflist)
+        if proc.returncode != 0:
+            self.fail(f"the late DEL of {a.cid} failed: {proc.stderr[-400:]}")
+        with self.lock:
+            self.gone[a.cid] = a
+
+    def check(self, a: Alloc) -> None:
+        proc = self.sb.driver("check", a.cid, a.netns, a.ports, self.conflist)
+        if proc.returncode != 0:
+            self.fail(f"CHECK of live {a.cid} failed: {proc.stderr[-400:]}")
+        with self.lock:
+            self.live[a.cid] = a
+
+    def recreate(self, a: Alloc, expect: bool) -> None:
+        name = a.netns.rsplit("/", 1)[1]
+        sh("ip", "netns", "del", name)
+        sh("ip", "netns", "add", name)
+        a.made, a.ips = None, []
+        self._add(a, expect, "the recreate")
+
+    def restore(self, a: Alloc, expect: bool) -> None:
+        name = a.netns.rsplit("/", 1)[1]
+        sh("ip", "netns", "add", name)
+        self.sb.containers.append(name)
+        a.made, a.ips = None, []
+        self._add(a, expect, "the restore")
+
+    def status(self) -> None:
+        code, out, err = self.sb.status()
+        if code != 0:
+            self.fail(f"STATUS failed: {out} {err[-300:]}")
+
+    def cli(self, *args: str) -> None:
+        proc = self.sb.run([str(self.sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(self.sb.root / "none")])
+        if proc.returncode not in (0, 6):
+            self.fail(f"cni-reaper {' '.join(args)} exited {proc.returncode}: {proc.stdout[-300:]} {proc.stderr[-300:]}")
+
+    def gc(self) -> None:
+        proc = self.sb.driver("gc", conflist=self.conflist, valid=tuple(f"{c}:eth0" for c in sorted(self.live)))
+        if proc.returncode != 0:
+            self.fail(f"GC failed: {proc.stderr[-400:]}")
+        with self.lock:  # libcni 1.3's GC sends a DEL for every cached attachment not in the valid list
+            self.gone.update(self.dead)
+            self.dead.clear()
+
+    def reboot(self) -> None:
+        self.sb.reboot(tmpfs_dirs=("networks",))
+        self.dead.update(self.live)
+        self.live.clear()
+
+    def fail(self, why: str) -> None:
+        with self.lock:
+            self.failures.append(why)
+
+    # -- one step: up to three of these at once -------------------------------------------------------------
+    def step(self) -> list[str]:
+        r = self.rng
+        alone = r.random()
+        if alone < 0.01:
+            return self.run([("reboot", self.reboot)])
+        if alone < 0.03:  # the runtime's GC runs when none of its ADDs and DELs does (CNI spec)
+            return self.run([("gc", self.gc)])
+        busy: set[str] = set()
+        jobs: list[tuple[str, Any]] = []
+        free = self.free() - 1  # a recreate needs one address while its old one is released
+
+        def pick(pool: dict[str, Alloc]) -> Alloc | None:
+            with self.lock:
+                free_ = [a for c, a in sorted(pool.items()) if c not in busy]
+                if not free_:
+                    return None
+                a = r.choice(free_)
+                busy.add(a.cid)
+                pool.pop(a.cid)
+                return a
+
+        for _ in range(r.choice([1, 2, 2, 3])):
+            kind = r.choices(["add", "del", "kill", "late", "check", "recreate", "restore", "status", "sweep", "orphans"],
+                             weights=[20, 8, 8, 5, 5, 5, 6, 6, 3, 3])[0]
+            if kind == "add" and len(self.live) + len(busy) < len(RANGE) - 1:
+                jobs.append(("add", lambda e=free > 0: self.add(e)))
+                free -= 1
+            elif kind in ("del", "kill", "check", "recreate"):
+                a = pick(self.live)
+                if a is not None:
+                    fn = {"del": self.delete, "kill": self.kill, "check": self.check,
+                          "recreate": lambda a, e=free >= 0: self.recreate(a, e)}[kind]
+                    jobs.append((f"{kind} {a.cid}", lambda fn=fn, a=a: fn(a)))
+            elif kind in ("late", "restore"):
+                a = pick(self.dead)
+                if a is not None and kind == "late":
+                    jobs.append((f"late DEL {a.cid}", lambda a=a: self.late_del(a)))
+                elif a is not None:
+                    jobs.append((f"restore {a.cid}", lambda a=a, e=free > 0: self.restore(a, e)))
+                    free -= 1
+            elif kind == "status":
+                jobs.append(("STATUS", self.status))
+            elif kind == "sweep":
+                jobs.append(("sweep --apply", lambda: self.cli("sweep", "--apply")))
+            elif kind == "orphans":
+                jobs.append(("sweep --apply --orphans", lambda: self.cli("sweep", "--apply", "--orphans")))
+        return self.run(jobs)
+
+    def run(self, jobs: list[tuple[str, Any]]) -> list[str]:
+        threads = [threading.Thread(target=fn) for _, fn in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [name for name, _ in jobs]
+
+    def verify(self) -> None:
+        tables = self.sb.tables()
+        for a in sorted(self.live.values(), key=lambda a: a.cid):
+            now = self.lines(a, tables)
+            if a.made is None:
+                bad = self.well_formed(a, *now)
+                if bad:
+                    self.fail(f"just made: {bad}")
+                a.made = now
+            elif now != a.made:
+                lost = sorted(set(a.made[0]) - set(now[0]))
+                self.fail(f"{a.cid} changed: lost {lost}, reservations {a.made[1]} -> {now[1]}")
+
+    def leftovers(self) -> list[str]:
+        tables = self.sb.tables()
+        held = {ip for a in self.live.values() for ip in a.ips}
+        out = []
+        for a in [*self.dead.values(), *self.gone.values()]:
+            dead_ips = [ip for ip in a.ips if ip not in held]
+            out += [f"{a.cid}: {l}" for l in self.sb.residue(NET, a.cid, dead_ips, tables)
+                    if a.cid in l or any(f"{ip}/" in l for ip in dead_ips)]
+        return out
+
+
+@pytest.fixture(params=[Stack("1.9", "go-cni-1.1.13")], ids=lambda s: s.id)
+def nomad(request, tmp_path, flavour, package_exe):
+    with open_sandbox(tmp_path, flavour, package_exe, request.param) as sb:
+        yield sb
+
+
+def test_any_interleaving_keeps_live_attachments_whole_and_leaves_nothing_of_dead_ones(nomad, flavour):
+    seed = int(SEED) if SEED else random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    conflist = nomad.conflist()
+    data = json.loads(conflist.read_text())
+    for p in data["plugins"]:
+        if p["type"] == "bridge":
+            p["ipam"]["ranges"] = [[{"subnet": "172.26.64.0/20", "rangeStart": RANGE[0], "rangeEnd": RANGE[-1]}]]
+    conflist.write_text(json.dumps(data))
+    walk = Walk(nomad, rng, conflist)
+    history: list[str] = []
+    for n in range(STEPS):
+        history.append(f"{n}: " + ", ".join(walk.step()))
+        walk.verify()
+        if walk.failures:
+            break
+    replay = f"replay: CNI_REAPER_PROPERTY_SEED={seed} CNI_REAPER_PROPERTY_STEPS={STEPS} ({flavour})"
+    assert not walk.failures, f"{replay}\n" + "\n".join(walk.failures[:5]) + "\nlast steps:\n" + "\n".join(history[-8:])
+    walk.cli("sweep", "--apply", "--orphans")
+    walk.status()
+    assert walk.leftovers() == [], f"{replay}: at quiescence something of a dead allocation is left"
+    print(f"{replay}: {STEPS} steps, {len(walk.live)} live, {len(walk.dead)} dead, {len(walk.gone)} deleted")
