@@ -129,24 +129,37 @@ def test_a_sweep_that_cannot_see_removes_nothing_of_a_live_attachment(sb, view):
 
 
 # -- a netns made again at the same path, with the same (recycled) inode --------------------------------
-def _remake_with_the_same_inode(path: str, tries: int = 400) -> None:
+def _remake_with_the_same_inode(sb, path: str, tries: int = 3000) -> None:
+    """Delete the namespace at `path` and make another at the same path that the kernel gives the same inode
+    number: namespaces get the lowest free number, so fill the numbers below it with throwaway ones (once
+    the old one's clean-up has freed its number) until one gets it, then mount that one at `path`."""
     name = os.path.basename(path)
     ino = os.stat(path).st_ino
     sh("ip", "netns", "del", name)
-    for _ in range(tries):
-        sh("ip", "netns", "add", name)
-        if os.stat(path).st_ino == ino:
-            return
-        sh("ip", "netns", "del", name)
-        time.sleep(0.01)  # the kernel frees a namespace's inode number once its clean-up has run
-    pytest.fail(f"the kernel did not hand out inode {ino} again in {tries} tries")
+    fillers: list[str] = []
+    try:
+        for _ in range(tries):
+            filler = unique("crt-fill")
+            sh("ip", "netns", "add", filler)
+            fillers.append(filler)
+            if os.stat(f"/var/run/netns/{filler}").st_ino == ino:
+                open(path, "w").close()
+                sh("mount", "--bind", f"/var/run/netns/{filler}", path)
+                return
+            if len(fillers) > 64:  # keep the holes filled, but do not hold thousands
+                sh("ip", "netns", "del", fillers.pop(0))
+                time.sleep(0.005)
+        pytest.fail(f"the kernel did not hand out inode {ino} again in {tries} tries")
+    finally:
+        for f in fillers:
+            sh("ip", "netns", "del", f, check=False)
 
 
 def test_a_netns_remade_at_the_same_path_with_a_recycled_inode_is_another_life(sb):
     cid = unique("alloc-")
     netns = sb.container()
     old_ips = ips_of(sb.driver("add", cid, netns, ("8080:80/tcp", "8080:80/udp")))
-    _remake_with_the_same_inode(netns)
+    _remake_with_the_same_inode(sb, netns)
     [item] = [i for i in json.loads(cli(sb, "list", "--json").stdout) if i["containerID"] == cid]
     assert item["state"] == "dead" and "holds another namespace" in item["why"], item
     if not sb.stack.status:

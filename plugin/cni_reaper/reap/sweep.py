@@ -31,6 +31,7 @@ from cni_reaper.reap.evidence import (
     LIVE,
     SWEEPABLE,
     UNKNOWN,
+    WAIT,
     Facts,
     View,
     judge_life,
@@ -125,7 +126,7 @@ def _judge(sel: Selection, r: dict[str, Any], confs: dict[str, Any], default: An
     if state in HOLDING or k in exclude:
         sel.hold(k, ips(r["current"]))
     for inc, (st, _) in zip(r["earlier"], earlier):
-        if st != DEAD or state in HOLDING:
+        if st != DEAD or state in (UNKNOWN, WAIT):
             sel.hold(k, ips(inc))
     if state == UNKNOWN:
         sel.view.note(why)
