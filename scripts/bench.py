@@ -279,9 +279,10 @@ def plant(sb: Sandbox, tmp: Path, n: int, live_netns: str | None = None, state: 
             nat += a
             filt += b
             cmds += c
-    write_records(tmp / state, NETWORK, items)
     if live_netns is None:
         write_reservations(tmp / "ipam", NETWORK, [(cid, ip) for cid, ip, _, _ in items])
+    write_records(sb, NETWORK, items, state_dir=tmp / state, ipam_dir=tmp / "ipam")
+    if live_netns is None:
         if native:
             sb.run(["nft", "-f", "-"], input="\n".join(nft) + "\n", check=True)
         else:

@@ -129,8 +129,9 @@ class Walk:
 
     def restore(self, a: Alloc, expect: bool) -> None:
         name = a.netns.rsplit("/", 1)[1]
-        sh("ip", "netns", "add", name)
-        self.sb.containers.append(name)
+        if not os.path.exists(a.netns):  # (an allocation whose ADD failed still has its netns)
+            sh("ip", "netns", "add", name)
+            self.sb.containers.append(name)
         a.made, a.ips = None, []
         self._add(a, expect, "the restore")
 
@@ -211,7 +212,13 @@ class Walk:
         return self.run(jobs)
 
     def run(self, jobs: list[tuple[str, Any]]) -> list[str]:
-        threads = [threading.Thread(target=fn) for _, fn in jobs]
+        def guarded(name: str, fn: Any) -> None:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - the step is a failure of the walk, with its name
+                self.fail(f"{name} raised {type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=guarded, args=job) for job in jobs]
         for t in threads:
             t.start()
         for t in threads:

@@ -56,7 +56,8 @@ def restore_text(nat: list[str], filt: list[str]) -> str:
     return "*nat\n" + "\n".join(SHARED_NAT + nat) + "\nCOMMIT\n*filter\n" + "\n".join(SHARED_FILTER + filt) + "\nCOMMIT\n"
 
 
-def write_records(sb, network: str, items: list[tuple[str, str, int, str]]) -> None:
+def write_records(sb, network: str, items: list[tuple[str, str, int, str]], state_dir: Path | None = None,
+                  ipam_dir: Path | None = None, ipam_seen_as: str | None = None) -> None:
     """One record per (container ID, ip, host port, netns path) through the plugin's own store, with the
     evidence an ADD in sandbox `sb`'s host would have recorded: the namespace and its directory, the host
     (this boot, the sandbox's host netns) and, where it is planted already, the address's reservation."""
@@ -66,19 +67,20 @@ def write_records(sb, network: str, items: list[tuple[str, str, int, str]]) -> N
 
     host = {"boot": probes.host().boot, "machine": probes.host().machine,
             "netns": os.stat(f"/var/run/netns/{sb.host}").st_ino, "mnt": probes.host().mnt}
-    store = Store(str(sb.state_dir())).open()
+    ipam_dir = ipam_dir or sb.cni_dir / "networks"
+    seen_as = ipam_seen_as or ("/var/lib/cni/networks" if ipam_dir == sb.cni_dir / "networks" else str(ipam_dir))
+    store = Store(str(state_dir or sb.state_dir())).open()
     try:
         with store.locked():
             for cid, ip, port, netns in items:
                 observed = probes.observe_life(netns, [])
                 observed.update(host=host, veth=None)
-                found = probes.find_reservation([str(sb.cni_dir / "networks")], network, ip, cid, "eth0")
+                found = probes.find_reservation([str(ipam_dir)], network, ip, cid, "eth0")
                 if found is not None:
-                    found["dataDir"] = "/var/lib/cni/networks"  # as the plugin sees it, under the sandbox's mount
+                    found["dataDir"] = seen_as  # as the plugin sees it (the sandbox's /var/lib/cni is a mount)
                 inc = life(netns, observed, [{"address": ip, "prefix": 16, "family": 4, "reservation": found}],
                            [{"hostPort": port, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
-                record, _ = merge(None, network, cid, "eth0", inc, {},
-                                  settings("/var/lib/cni/networks", "/var/lib/cni", "auto"))
+                record, _ = merge(None, network, cid, "eth0", inc, {}, settings(seen_as, "/var/lib/cni", "auto"))
                 store.save(record)
     finally:
         store.close()

@@ -56,7 +56,7 @@ def clean(targets: list[Target], holders: dict[tuple[str, str, str], set[str]], 
                 narrowed, protected = _narrow(targets, claims, outcome)
                 _clean_netfilter(narrowed, protected, settings, outcome)
                 _clear_conntrack(narrowed, protected, outcome, settings.dry_run)
-                _release(targets, claims, dirs, outcome, settings.dry_run)
+                _release(narrowed, claims, dirs, outcome, settings.dry_run)
             finally:
                 for d in others:
                     d.close()
@@ -185,32 +185,38 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, d
 
 def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome,
              dry_run: bool) -> None:
-    """Per dead address: its own reservation, once libcni's cached result of the attachment no longer names
-    the address (a later DEL of the dead attachment would otherwise hand it to the firewall plugin, which
-    deletes the rules of whoever holds the address by then)."""
-    from cni_reaper.reap import cache
-
+    """Per dead address that no other life of its container holds: libcni's cached result of the attachment
+    forgets it, then its own reservation (if there is one still) is removed. A later DEL of the dead
+    attachment (the runtime's, or libcni 1.3's GC) would otherwise hand the address to the firewall plugin,
+    which deletes the rules of whoever holds the address by then: the next allocation that got it, from
+    cni-reaper's release or from a boot that emptied host-local's directory."""
     for t in targets:
-        if "reservation" not in t.parts or t.key in outcome.failed:
+        if "reservation" not in t.parts or t.key in outcome.failed or not t.dead_ips:
+            continue
+        if not dry_run and not _forget(t, outcome):
             continue
         for ip in sorted(t.dead_ips):
             _verify_dir(t, ip, dirs, outcome)
-            own = claims.releasable(t, ip)
-            if not own or dry_run:
-                for r in own:
-                    outcome.note(t.key, f"host-local reservation {r.network}/{ip}", "reservation")
-                continue
-            if t.cache_dir:
-                kept = cache.forget_addresses(t.cache_dir, t.network, t.container_id, t.ifname, {ip})
-                if kept is None:
-                    outcome.errors.append(f"libcni's cache entry of {t.container_id} names {ip} and cannot be "
-                                          "rewritten; its reservation is kept")
-                    outcome.failed.add(t.key)
-                    continue
-            for r in own:
+            for r in claims.releasable(t, ip):
                 d = dirs.get((r.data_dir, r.network))
-                if d is not None and d.release(r):
+                if dry_run or (d is not None and d.release(r)):
                     outcome.note(t.key, f"host-local reservation {r.network}/{ip}", "reservation")
+
+
+def _forget(t: Target, outcome: Outcome) -> bool:
+    from cni_reaper.reap import cache
+
+    if not t.cache_dir:
+        return True
+    changed = cache.forget_addresses(t.cache_dir, t.network, t.container_id, t.ifname, set(t.dead_ips))
+    if changed is None:
+        outcome.errors.append(f"libcni's cache entry of {t.container_id} names a dead address and cannot be rewritten; "
+                              "its reservations are kept")
+        outcome.failed.add(t.key)
+        return False
+    for name in changed:
+        log.info("libcni's cached result no longer names the dead addresses", entry=name, addresses=sorted(t.dead_ips))
+    return True
 
 
 def _verify_dir(t: Target, ip: str, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome) -> None:
