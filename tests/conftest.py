@@ -97,10 +97,3 @@ def flavour(request) -> str:
 def sandbox(tmp_path, flavour, reaper_exe, stack):
     with open_sandbox(tmp_path, flavour, reaper_exe, stack) as sb:
         yield sb
-
-
-@pytest.fixture
-def quick_sandbox(tmp_path, package_exe, driver_bin):
-    """One flavour, the package: for protocol tests that do not depend on netfilter."""
-    with open_sandbox(tmp_path, "nft", package_exe) as sb:
-        yield sb

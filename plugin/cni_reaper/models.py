@@ -478,6 +478,12 @@ class Settings(BaseModel):
     backend: str = Field(max_length=MAX_TEXT)
 
 
+def _strict_int(v: Any) -> Any:
+    if isinstance(v, bool):  # strict Literal[1] takes True (True == 1): the record's schema is a number
+        raise ValueError("schema must be a number")
+    return v
+
+
 def _args(v: Dict[str, str]) -> Dict[str, str]:
     if len(v) > MAX_ARGS or any(len(k) > MAX_ARG_KEY or len(x) > MAX_ARG_VALUE for k, x in v.items()):
         raise ValueError("cniArgs past the limits")
@@ -490,6 +496,7 @@ class RecordV1(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     schema_: Literal[1] = Field(alias="schema")
+    _schema = field_validator("schema_", mode="before")(classmethod(lambda cls, v: _strict_int(v)))
     network: str = Field(max_length=MAX_TEXT)
     containerID: str = Field(max_length=MAX_TEXT)
     ifname: str = Field(max_length=MAX_TEXT)
@@ -509,6 +516,7 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     schema_: Literal[2] = Field(alias="schema")
+    _schema = field_validator("schema_", mode="before")(classmethod(lambda cls, v: _strict_int(v)))
     network: str = Field(max_length=MAX_TEXT)
     containerID: str = Field(max_length=MAX_TEXT)
     ifname: str = Field(max_length=MAX_TEXT)
@@ -526,7 +534,8 @@ def record_problem(doc: Any) -> Optional[str]:
     """What the schema says of a record document of either schema (None: it is one)."""
     import json
 
-    model = RecordV1 if isinstance(doc, dict) and doc.get("schema") == 1 else Record
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    model = RecordV1 if type(schema) is int and schema == 1 else Record
     try:
         model.model_validate_json(json.dumps(doc))
     except ValidationError as exc:

@@ -40,6 +40,7 @@ def status_proc(sb: Sandbox):
     conf = json.dumps(sb.status_conf())
     env = {"CNI_COMMAND": "STATUS", "CNI_PATH": str(sb.plugin_dir)}
     proc = sb.popen([str(sb.plugin_dir / "cni-reaper")], env=env, quiet=True)
+    assert proc.stdin is not None
     proc.stdin.write(conf)
     proc.stdin.close()
     return proc

@@ -22,7 +22,7 @@ import os
 import random
 import re
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -82,7 +82,9 @@ class Walk:
         proc = self.sb.driver("add", a.cid, a.netns, a.ports, self.conflist)
         if proc.returncode != 0:
             if expect:
-                self.fail(f"{what} of {a.cid} failed though the plugins alone accept it: {proc.stderr[-400:]}")
+                held = self.sb.reservations(NET)
+                self.fail(f"{what} of {a.cid} failed though the plugins alone accept it: {proc.stderr[-400:]}; "
+                          f"reserved now: {held}; live: {sorted(self.live)}; dead: {sorted(self.dead)}")
             with self.lock:
                 self.dead[a.cid] = a  # whatever its failed ADD or an earlier life left must go
             return
@@ -129,9 +131,11 @@ class Walk:
 
     def restore(self, a: Alloc, expect: bool) -> None:
         name = a.netns.rsplit("/", 1)[1]
-        if not os.path.exists(a.netns):  # (an allocation whose ADD failed still has its netns)
-            sh("ip", "netns", "add", name)
+        if os.path.exists(a.netns):  # an allocation whose ADD failed: its netns holds what bridge left, as Nomad's
+            sh("ip", "netns", "del", name)  # does when its retries failed; it is destroyed with the allocation
+        else:
             self.sb.containers.append(name)
+        sh("ip", "netns", "add", name)
         a.made, a.ips = None, []
         self._add(a, expect, "the restore")
 
@@ -163,53 +167,19 @@ class Walk:
             self.failures.append(why)
 
     # -- one step: up to three of these at once -------------------------------------------------------------
+    KINDS: ClassVar = ("add", "del", "kill", "late", "check", "recreate", "restore", "status", "sweep", "orphans")
+    WEIGHTS: ClassVar = (20, 8, 8, 5, 5, 5, 6, 6, 3, 3)
+
     def step(self) -> list[str]:
-        r = self.rng
-        alone = r.random()
+        alone = self.rng.random()
         if alone < 0.01:
             return self.run([("reboot", self.reboot)])
         if alone < 0.03:  # the runtime's GC runs when none of its ADDs and DELs does (CNI spec)
             return self.run([("gc", self.gc)])
-        busy: set[str] = set()
-        jobs: list[tuple[str, Any]] = []
-        free = self.free() - 1  # a recreate needs one address while its old one is released
-
-        def pick(pool: dict[str, Alloc]) -> Alloc | None:
-            with self.lock:
-                free_ = [a for c, a in sorted(pool.items()) if c not in busy]
-                if not free_:
-                    return None
-                a = r.choice(free_)
-                busy.add(a.cid)
-                pool.pop(a.cid)
-                return a
-
-        for _ in range(r.choice([1, 2, 2, 3])):
-            kind = r.choices(["add", "del", "kill", "late", "check", "recreate", "restore", "status", "sweep", "orphans"],
-                             weights=[20, 8, 8, 5, 5, 5, 6, 6, 3, 3])[0]
-            if kind == "add" and len(self.live) + len(busy) < len(RANGE) - 1:
-                jobs.append(("add", lambda e=free > 0: self.add(e)))
-                free -= 1
-            elif kind in ("del", "kill", "check", "recreate"):
-                a = pick(self.live)
-                if a is not None:
-                    fn = {"del": self.delete, "kill": self.kill, "check": self.check,
-                          "recreate": lambda a, e=free >= 0: self.recreate(a, e)}[kind]
-                    jobs.append((f"{kind} {a.cid}", lambda fn=fn, a=a: fn(a)))
-            elif kind in ("late", "restore"):
-                a = pick(self.dead)
-                if a is not None and kind == "late":
-                    jobs.append((f"late DEL {a.cid}", lambda a=a: self.late_del(a)))
-                elif a is not None:
-                    jobs.append((f"restore {a.cid}", lambda a=a, e=free > 0: self.restore(a, e)))
-                    free -= 1
-            elif kind == "status":
-                jobs.append(("STATUS", self.status))
-            elif kind == "sweep":
-                jobs.append(("sweep --apply", lambda: self.cli("sweep", "--apply")))
-            elif kind == "orphans":
-                jobs.append(("sweep --apply --orphans", lambda: self.cli("sweep", "--apply", "--orphans")))
-        return self.run(jobs)
+        batch = Batch(self)
+        for _ in range(self.rng.choice([1, 2, 2, 3])):
+            batch.add(self.rng.choices(self.KINDS, weights=self.WEIGHTS)[0])
+        return self.run(batch.jobs)
 
     def run(self, jobs: list[tuple[str, Any]]) -> list[str]:
         def guarded(name: str, fn: Any) -> None:
@@ -247,6 +217,61 @@ class Walk:
             out += [f"{a.cid}: {l}" for l in self.sb.residue(NET, a.cid, dead_ips, tables)
                     if a.cid in l or any(f"{ip}/" in l for ip in dead_ips)]
         return out
+
+
+class Batch:
+    """The jobs of one step, on allocations no other job of the step touches, with what the reference plugins
+    alone would accept (a free address in the range for each ADD)."""
+
+    def __init__(self, walk: Walk) -> None:
+        self.w = walk
+        self.busy: set[str] = set()
+        self.jobs: list[tuple[str, Any]] = []
+        self.free = walk.free() - 1  # a recreate needs one address while its old one is released
+
+    def pick(self, pool: dict[str, Alloc]) -> Alloc | None:
+        with self.w.lock:
+            free = [a for c, a in sorted(pool.items()) if c not in self.busy]
+            if not free:
+                return None
+            a = self.w.rng.choice(free)
+            self.busy.add(a.cid)
+            pool.pop(a.cid)
+            return a
+
+    def add(self, kind: str) -> None:
+        w = self.w
+        if kind == "add" and len(w.live) + len(self.busy) < len(RANGE) - 1:
+            self.jobs.append(("add", lambda e=self.free > 0: w.add(e)))
+            self.free -= 1
+        elif kind in ("del", "kill", "check", "recreate"):
+            self._on_live(kind)
+        elif kind in ("late", "restore"):
+            self._on_dead(kind)
+        elif kind == "status":
+            self.jobs.append(("STATUS", w.status))
+        elif kind == "sweep":
+            self.jobs.append(("sweep --apply", lambda: w.cli("sweep", "--apply")))
+        elif kind == "orphans":
+            self.jobs.append(("sweep --apply --orphans", lambda: w.cli("sweep", "--apply", "--orphans")))
+
+    def _on_live(self, kind: str) -> None:
+        a = self.pick(self.w.live)
+        if a is None:
+            return
+        fns: dict[str, Any] = {"del": self.w.delete, "kill": self.w.kill, "check": self.w.check,
+                               "recreate": lambda a, e=self.free >= 0: self.w.recreate(a, e)}
+        self.jobs.append((f"{kind} {a.cid}", lambda fn=fns[kind], a=a: fn(a)))
+
+    def _on_dead(self, kind: str) -> None:
+        a = self.pick(self.w.dead)
+        if a is None:
+            return
+        if kind == "late":
+            self.jobs.append((f"late DEL {a.cid}", lambda: self.w.late_del(a)))
+        else:
+            self.jobs.append((f"restore {a.cid}", lambda e=self.free > 0: self.w.restore(a, e)))
+            self.free -= 1
 
 
 @pytest.fixture(params=[Stack("1.9", "go-cni-1.1.13")], ids=lambda s: s.id)

@@ -25,7 +25,9 @@ MAX_GLIBC = (2, 31)
 
 
 def version() -> str:
-    return re.search(r'__version__ = "([^"]+)"', (REPO / "plugin" / "cni_reaper" / "__init__.py").read_text()).group(1)
+    found = re.search(r'__version__ = "([^"]+)"', (REPO / "plugin" / "cni_reaper" / "__init__.py").read_text())
+    assert found is not None
+    return found.group(1)
 
 
 @pytest.fixture(scope="module")

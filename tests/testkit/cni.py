@@ -24,9 +24,9 @@ def prev_result(version: str = "1.0.0", address: str = "172.26.64.2/20", netns: 
     }
 
 
-def conf(state_dir, version: str = "1.0.0", prev: dict | None = "default", **extra) -> dict:
+def conf(state_dir, version: str = "1.0.0", prev: dict | str | None = "default", **extra) -> dict:
     base = Path(state_dir).parent
-    c = {"cniVersion": version, "name": "nomad-reaper", "type": "cni-reaper", "stateDir": str(state_dir),
+    c: dict = {"cniVersion": version, "name": "nomad-reaper", "type": "cni-reaper", "stateDir": str(state_dir),
          "logFile": str(base / "cni-reaper.log"), "cniCacheDir": str(base / "cache"), "ipamDataDir": str(base / "ipam")}
     if prev == "default":
         prev = prev_result(version)

@@ -74,8 +74,3 @@ def root(group: str) -> Path:
 
 def plugins_dir() -> Path:
     return root("plugins") / "usr" / "lib" / "cni"
-
-
-def package_version(group: str, name: str) -> str:
-    """The version of a fetched package, from its file name (name_VERSION_arch.deb)."""
-    return (root(group) / f".{name}.deb").read_text().split("_")[1]

@@ -1,12 +1,47 @@
 """A netfilter backend for unit tests of the clean-up loop (kube-proxy's iptables `testing/fake.go` is the
 model): the tables are iptables-save text held per family; it records every read and every transaction
 and fails on command. Applying removes exactly the lines a real restore would, and refuses (changing
-nothing) a deletion of a rule or chain that is not there, as iptables-restore does."""
+nothing) a deletion of a rule or chain that is not there, as iptables-restore does.
+
+It reads its text with a parser of its own (shlex, dictionaries), not the package's: a bug in the package's
+parser then shows as a plan that does not fit these tables. mypy holds it to the Backend interface (below)."""
 
 from __future__ import annotations
 
-from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
-from cni_reaper.reap.netfilter.iptables.rules import Op, Table, by_table, parse_save
+import shlex
+
+TYPE_CHECKING = False
+
+from cni_reaper.reap.netfilter.interface import Backend, BackendError, LockHeld
+from cni_reaper.reap.netfilter.iptables.rules import Op, Rule, Table, by_table
+
+FIELDS = {"-s": "source", "--source": "source", "--comment": "comment", "-j": "target", "-g": "target",
+          "--to-destination": "to_destination"}
+
+
+def read_tables(text: str) -> dict[str, Table]:
+    """iptables-save text as the package's types, read independently of the package's parser."""
+    tables: dict[str, Table] = {}
+    table: Table | None = None
+    for line in text.splitlines():
+        if line.startswith("*"):
+            table = tables.setdefault(line[1:], Table(line[1:]))
+        elif table is not None and line.startswith(":"):
+            name, policy = line[1:].split(" ", 2)[:2]
+            table.chains.setdefault(name, [])
+            if policy != "-":
+                table.builtin.add(name)
+        elif table is not None and line.startswith("-A "):
+            chain, spec = line[3:].split(" ", 1)
+            words = shlex.split(spec)
+            found: dict[str, str | None] = dict.fromkeys(("source", "comment", "target", "to_destination"))
+            for i, w in enumerate(words[:-1]):
+                if w in FIELDS and (i == 0 or words[i - 1] != "!"):
+                    found[FIELDS[w]] = words[i + 1]
+            rules = table.chains.setdefault(chain, [])
+            rules.append(Rule(chain, spec, tuple(words), found["source"], found["comment"], found["target"],
+                              found["to_destination"], len(rules)))
+    return tables
 
 
 def apply_ops(text: str, ops: list[Op]) -> str:
@@ -48,7 +83,7 @@ class FakeBackend:
 
     def read(self, family: int) -> dict[str, Table]:
         self.reads.append(family)
-        return parse_save(self.text[family])
+        return read_tables(self.text[family])
 
     def apply(self, family: int, ops: list[Op]) -> None:
         self.transactions.append((family, list(ops)))
@@ -65,3 +100,7 @@ class FakeBackend:
             raise BackendError("this rule cannot be deleted")
         self.text[family] = apply_ops(self.text[family], ops)
         self.applied.append((family, list(ops)))
+
+
+if TYPE_CHECKING:  # held to the interface it stands in for, as kube-proxy's `var _ = Interface(&Fake{})`
+    _: Backend = FakeBackend("")

@@ -60,9 +60,6 @@ def needs_root() -> None:
         pytest.skip("needs root (network namespaces)")
 
 
-RUNTIMES = ("go-cni-1.1.7", "go-cni-1.1.13")  # what Nomad up to 1.9.4 links; what Nomad 1.9.5+ links
-
-
 def build_driver(runtime: str = "go-cni-1.1.7") -> str:
     """Build the go-cni driver (tests/driver) offline, in GOPATH mode, once per source version and runtime:
     go-cni 1.1.7 over libcni 1.1.2 with Debian 12's Go, or go-cni 1.1.13 over libcni 1.3 with Go 1.27 from
@@ -451,7 +448,7 @@ class Sandbox:
                 "print('ready',flush=True)\nwhile True:\n s.recvfrom(100);print(time.time(),flush=True)")
         proc = subprocess.Popen(["ip", "netns", "exec", os.path.basename(netns), sys.executable, "-c", code, str(port)],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert proc.stdout.readline().strip() == "ready", "the UDP receiver did not start"
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", "the UDP receiver did not start"
         return proc
 
     def state_dir(self) -> Path:
@@ -542,6 +539,7 @@ class Held:
     def __init__(self, sb: Sandbox, conflist: Path, stall_dir: Path, cid: str, netns: str, ports: tuple[str, ...] = ()) -> None:
         self.sb, self.dir, self.cid = sb, stall_dir, cid
         (stall_dir / f"{cid}.hold").touch()
+        assert sb.driver_bin, "this sandbox has no go-cni driver"
         argv = [sb.driver_bin, "-conflist", str(conflist), "-plugindir", f"{sb.plugin_dir}:{sb.plugins}", "-op", "add",
                 "-id", cid, "-netns", netns, "-ports", "omit"]
         if sb.stack.status:

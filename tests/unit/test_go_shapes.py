@@ -29,7 +29,7 @@ TAGGED_PORTS = [{"hostPort": 25000, "containerPort": 5000}]  # CRI-style tags, p
 
 def bridge_result(version: str, dual: bool) -> dict:
     """What bridge (with host-local) returns, as libcni hands it on as prevResult."""
-    ips = [{"address": "172.26.64.7/20", "gateway": "172.26.64.1", "interface": 2}]
+    ips: list[dict] = [{"address": "172.26.64.7/20", "gateway": "172.26.64.1", "interface": 2}]
     if dual:
         ips.append({"address": "fd00:a:26::7/64", "gateway": "fd00:a:26::1", "interface": 2})
     if version.startswith("0."):
@@ -104,55 +104,66 @@ def rebuild(obj: dict, items: list[tuple[str, object]]) -> None:
     obj.update(items)
 
 
+RUNTIME_CONFIGS = {"none-null": {"portMappings": None},  # Nomad <= 1.7: a nil slice through go-cni
+                   "none-empty": {"portMappings": []},  # Nomad >= 1.8
+                   "none-absent": {}}
+
+
+def _shadow(draw, obj: dict, present: list[str]) -> None:
+    """An earlier spelling of the same key with another value of the right type: the last one wins."""
+    name = draw(st.sampled_from(present))
+    value = obj[name]
+    decoy = {str: "decoy", int: 1, list: [], dict: {}, bool: False}.get(type(value))
+    if decoy is not None and not isinstance(value, bool) and name not in (
+            "prevResult", "stateDir", "logFile", "address", "gateway"):
+        spelling = respell(draw, name, taken=obj)
+        if spelling != name:
+            rebuild(obj, [(spelling, decoy), *obj.items()])
+
+
+def _vary(draw, kind: str, obj: dict) -> None:
+    """One change Go's decoding does not see: another spelling, a null or zero for an absent key, an unknown
+    key, a shadowed key, another order of the keys, a null for a string."""
+    how = draw(st.sampled_from(["respell", "respell", "null-absent", "zero-absent", "extra", "shadow", "shuffle",
+                                "null-unused"]))
+    present = [k for k in obj if k in FIELDS[kind]]
+    if how == "respell" and present:
+        name = draw(st.sampled_from(present))
+        new = respell(draw, name, taken=obj)
+        rebuild(obj, [(new if k == name else k, v) for k, v in obj.items()])
+    elif how in ("null-absent", "zero-absent") and ABSENT_OK.get(kind):
+        name = draw(st.sampled_from(ABSENT_OK[kind]))
+        if not any(k.lower() == name.lower() for k in obj):
+            obj[name] = None if how == "null-absent" else copy.deepcopy(ZERO[name])
+    elif how == "extra":
+        obj[draw(st.sampled_from(["x-extra", "future", "ipam", "dns2", "cni.dev/x"]))] = draw(
+            st.one_of(st.none(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2)))
+    elif how == "shadow" and present:
+        _shadow(draw, obj, present)
+    elif how == "shuffle" and len({fold(k) for k in obj}) == len(obj):
+        # (not where two spellings of one key stand: their order decides which one Go takes)
+        rebuild(obj, draw(st.permutations(list(obj.items()))))
+    elif how == "null-unused" and kind == "iface" and "mac" in obj:
+        obj["mac"] = None  # strings: null leaves Go's zero value
+
+
 @st.composite
 def variants(draw):
     version = draw(st.sampled_from(["0.3.1", "0.4.0", "1.0.0", "1.1.0"]))
     dual = draw(st.booleans())
     ports = draw(st.sampled_from(["nomad", "tagged", "none-absent", "none-null", "none-empty", "none-no-runtime",
                                   "none-runtime-null"]))
-    base = {"nomad": NOMAD_PORTS, "tagged": TAGGED_PORTS}.get(ports)
+    shapes: dict[str, list] = {"nomad": NOMAD_PORTS, "tagged": TAGGED_PORTS}
+    base = shapes.get(ports)
     key = (version, dual, ports if base is not None else "none")
     doc = canonical("@STATE@", "@LOG@", version, dual, base)
-    if ports == "none-null":
-        doc["runtimeConfig"] = {"portMappings": None}  # Nomad <= 1.7: a nil slice through go-cni
-    elif ports == "none-empty":
-        doc["runtimeConfig"] = {"portMappings": []}  # Nomad >= 1.8
-    elif ports == "none-absent":
-        doc["runtimeConfig"] = {}
+    if ports in RUNTIME_CONFIGS:
+        doc["runtimeConfig"] = copy.deepcopy(RUNTIME_CONFIGS[ports])
     elif ports == "none-runtime-null":
         doc["runtimeConfig"] = None
     for _ in range(draw(st.integers(1, 6))):
         kind, obj = draw(st.sampled_from(objects(doc)))
-        how = draw(st.sampled_from(["respell", "respell", "null-absent", "zero-absent", "extra", "shadow", "shuffle",
-                                    "null-unused"]))
-        present = [k for k in obj if k in FIELDS[kind]]
-        if how == "respell" and present:
-            name = draw(st.sampled_from(present))
-            new = respell(draw, name, taken=obj)
-            rebuild(obj, [(new if k == name else k, v) for k, v in obj.items()])
-        elif how in ("null-absent", "zero-absent") and ABSENT_OK.get(kind):
-            name = draw(st.sampled_from(ABSENT_OK[kind]))
-            if not any(k.lower() == name.lower() for k in obj):
-                obj[name] = None if how == "null-absent" else copy.deepcopy(ZERO[name])
-        elif how == "extra":
-            obj[draw(st.sampled_from(["x-extra", "future", "ipam", "dns2", "cni.dev/x"]))] = draw(
-                st.one_of(st.none(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2)))
-        elif how == "shadow" and present:
-            # an earlier spelling of the same key with another value of the right type: the last one wins
-            name = draw(st.sampled_from(present))
-            value = obj[name]
-            decoy = {str: "decoy", int: 1, list: [], dict: {}, bool: False}.get(type(value))
-            if decoy is not None and not isinstance(value, bool) and name not in (
-                    "prevResult", "stateDir", "logFile", "address", "gateway"):
-                spelling = respell(draw, name, taken=obj)
-                if spelling != name:
-                    rebuild(obj, [(spelling, decoy)] + list(obj.items()))
-        elif how == "shuffle" and len({fold(k) for k in obj}) == len(obj):
-            # (not where two spellings of one key stand: their order decides which one Go takes)
-            items = list(obj.items())
-            rebuild(obj, draw(st.permutations(items)))
-        elif how == "null-unused" and kind == "iface" and "mac" in obj:
-            obj["mac"] = None  # strings: null leaves Go's zero value
+        _vary(draw, kind, obj)
     return key, doc
 
 
@@ -176,7 +187,8 @@ def expected(key, tmp_path_factory) -> dict:
     if key not in _canonical_records:
         version, dual, ports = key
         state = tmp_path_factory.mktemp("canon")
-        base = {"nomad": NOMAD_PORTS, "tagged": TAGGED_PORTS}.get(ports)
+        shapes: dict[str, list] = {"nomad": NOMAD_PORTS, "tagged": TAGGED_PORTS}
+        base = shapes.get(ports)
         doc = canonical(str(state / "s"), str(state / "log"), version, dual, base)
         assert invoke("ADD", doc, cid="alloc-7")[0] == 0
         _canonical_records[key] = attachment(state / "s")

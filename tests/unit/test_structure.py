@@ -125,3 +125,26 @@ def test_every_package_init_is_empty():
     inits = [p for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE]
     assert inits
     assert [str(p) for p in inits if p.read_text().strip()] == []
+
+
+def _definitions():
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                assert node.end_lineno is not None
+                yield name, node, node.end_lineno - node.lineno + 1
+
+
+def test_no_function_over_fifty_lines_and_no_class_over_two_hundred():
+    """Small units (ruff's C901 keeps each under a McCabe complexity of 10)."""
+    long_functions = [f"{m}.{n.name}: {size}" for m, n, size in _definitions()
+                      if not isinstance(n, ast.ClassDef) and size > 50]
+    long_classes = [f"{m}.{n.name}: {size}" for m, n, size in _definitions() if isinstance(n, ast.ClassDef) and size > 200]
+    assert long_functions == [] and long_classes == []
+
+
+def test_a_handful_of_modules_at_the_top_and_the_layers_as_packages():
+    top = sorted(m for m in MODULES if m.count(".") == 1)
+    packages = sorted(m for m, p in MODULES.items() if p.name == "__init__.py" and m.count(".") == 1)
+    assert len(top) - len(packages) <= 8, top
+    assert packages == ["cni_reaper.cni", "cni_reaper.reap", "cni_reaper.state", "cni_reaper.tools", "cni_reaper.verbs"]

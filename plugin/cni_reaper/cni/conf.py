@@ -127,8 +127,6 @@ class Conf:
     __slots__ = (
         "backend",
         "cniCacheDir",
-        "cniVersion",
-        "cniVersions",
         "ipamDataDir",
         "lockTimeout",
         "logFile",
@@ -142,8 +140,6 @@ class Conf:
     )
     backend: str
     cniCacheDir: str
-    cniVersion: str | None
-    cniVersions: list[str] | None
     ipamDataDir: str
     lockTimeout: float
     logFile: str
@@ -173,6 +169,46 @@ def _own_path(v: dict[str, Any], key: str, default: str, warnings: list[str], em
     return value
 
 
+def _state_dir(v: dict[str, Any], lenient: bool, warnings: list[str]) -> str | None:
+    state = v.get("stateDir", DEFAULT_STATE_DIR)
+    problem = path_problem(state, "stateDir")
+    if problem and lenient:
+        warnings.append(f"{problem}; no record can be read")
+        return None
+    if problem:
+        raise CniError(INVALID_CONFIG, "invalid cni-reaper configuration",
+                       f"{problem}: set stateDir to a directory where cni-reaper may keep its records")
+    return state
+
+
+def _backend(v: dict[str, Any], warnings: list[str]) -> str:
+    given = v.get("backend", "auto")
+    backend = (given.lower() or "auto") if isinstance(given, str) else given
+    if backend not in BACKENDS:
+        warnings.append(f"backend {given!r} is not auto, nft or legacy; using auto")
+        return "auto"
+    return backend
+
+
+def _lock_timeout(v: dict[str, Any], warnings: list[str]) -> float:
+    t = v.get("lockTimeout", 0)
+    if (not _is_int(t) and not isinstance(t, float)) or t != t or t < 0 or t > MAX_LOCK_TIMEOUT:
+        warnings.append(f"lockTimeout {t!r} is not a number of seconds from 0 to {MAX_LOCK_TIMEOUT:g}; "
+                        f"using {DEFAULT_LOCK_TIMEOUT:g}")
+        t = 0
+    return float(t) or DEFAULT_LOCK_TIMEOUT
+
+
+def _prev_result(v: dict[str, Any], lenient: bool, warnings: list[str]) -> dict[str, Any] | None:
+    prev = v.get("prevResult")
+    if prev is None or isinstance(prev, dict):
+        return prev
+    if lenient:
+        warnings.append("prevResult is not an object; ignored")
+        return None
+    raise CniError(INVALID_CONFIG, "prevResult is not a valid CNI result", "prevResult must be an object")
+
+
 def parse(raw: dict[str, Any], top: dict[str, Any] | None = None, lenient: bool = False) -> Conf:
     """The configuration (`top`: `raw` already decoded by pick). Raises CniError (7) only for a missing
     network name, an unusable state directory, or a prevResult that is not an object; with `lenient` (DEL,
@@ -180,46 +216,18 @@ def parse(raw: dict[str, Any], top: dict[str, Any] | None = None, lenient: bool 
     v = pick(raw, TOP_FIELDS, TOP_RESETTABLE) if top is None else top
     warnings: list[str] = []
     c = Conf(warnings=warnings)
-    c.cniVersion = v.get("cniVersion") if isinstance(v.get("cniVersion"), str) else None
-    listed = v.get("cniVersions")
-    c.cniVersions = listed if isinstance(listed, list) and all(isinstance(x, str) for x in listed) else None
     name = v.get("name")
     if not isinstance(name, str) or not name:
         raise CniError(INVALID_CONFIG, "invalid cni-reaper configuration", "name: the network name is missing")
     c.name = name
     c.type = v["type"] if isinstance(v.get("type"), str) else ""
-    state = v.get("stateDir", DEFAULT_STATE_DIR)
-    problem = path_problem(state, "stateDir")
-    if problem and lenient:
-        warnings.append(f"{problem}; no record can be read")
-        state = None
-    elif problem:
-        raise CniError(INVALID_CONFIG, "invalid cni-reaper configuration",
-                       f"{problem}: set stateDir to a directory where cni-reaper may keep its records")
-    c.stateDir = state
+    c.stateDir = _state_dir(v, lenient, warnings)
     c.ipamDataDir = _own_path(v, "ipamDataDir", DEFAULT_IPAM_DATA_DIR, warnings)
     c.cniCacheDir = _own_path(v, "cniCacheDir", DEFAULT_CNI_CACHE_DIR, warnings)
     c.logFile = _own_path(v, "logFile", DEFAULT_LOG_FILE, warnings, empty_ok=True)
-    backend = v.get("backend", "auto")
-    c.backend = backend.lower() if isinstance(backend, str) else backend
-    if c.backend == "":
-        c.backend = "auto"
-    if c.backend not in BACKENDS:
-        warnings.append(f"backend {backend!r} is not auto, nft or legacy; using auto")
-        c.backend = "auto"
-    t = v.get("lockTimeout", 0)
-    if (not _is_int(t) and not isinstance(t, float)) or t != t or t < 0 or t > MAX_LOCK_TIMEOUT:
-        warnings.append(f"lockTimeout {t!r} is not a number of seconds from 0 to {MAX_LOCK_TIMEOUT:g}; "
-                        f"using {DEFAULT_LOCK_TIMEOUT:g}")
-        t = 0
-    c.lockTimeout = float(t) or DEFAULT_LOCK_TIMEOUT
-    prev = v.get("prevResult")
-    if prev is not None and not isinstance(prev, dict) and lenient:
-        warnings.append("prevResult is not an object; ignored")
-        prev = None
-    elif prev is not None and not isinstance(prev, dict):
-        raise CniError(INVALID_CONFIG, "prevResult is not a valid CNI result", "prevResult must be an object")
-    c.prevResult = prev
+    c.backend = _backend(v, warnings)
+    c.lockTimeout = _lock_timeout(v, warnings)
+    c.prevResult = _prev_result(v, lenient, warnings)
     caps = v.get("capabilities")
     c.portMappingsDeclared = isinstance(caps, dict) and caps.get("portMappings") is True
     c.portMappings = port_mappings(v.get("runtimeConfig"), warnings)

@@ -18,19 +18,9 @@ def parse_ip(text: object) -> tuple[int, str]:
     return (6 if family == _socket.AF_INET6 else 4), _socket.inet_ntop(family, packed)
 
 
-def parse_cidr(text: object) -> tuple[int, str, int]:
-    """(family, canonical address, prefix length) of `address/prefix`; ValueError otherwise."""
-    if not isinstance(text, str) or "/" not in text:
-        raise ValueError(f"{text!r} is not in CIDR notation (address/prefix)")
-    addr, _, prefix = text.partition("/")
-    family, canonical = parse_ip(addr)
-    if not (prefix.isascii() and prefix.isdigit()) or len(prefix) > 3 or int(prefix) > (32 if family == 4 else 128):
-        raise ValueError(f"{text!r} has an invalid prefix length")
-    return family, canonical, int(prefix)
-
-
 def parse_go_cidr(text: str) -> tuple[int, str, int]:
-    """parse_cidr as Go's net.ParseCIDR reads a prefix: any number of ASCII digits, leading zeros allowed."""
+    """(family, canonical address, prefix length) of `address/prefix` as Go's net.ParseCIDR reads it: a prefix
+    of any number of ASCII digits, leading zeros allowed; ValueError otherwise."""
     addr, sep, prefix = text.partition("/")
     if not sep or not prefix or not (prefix.isascii() and prefix.isdigit()):
         raise ValueError(f"{text!r} is not in CIDR notation (address/prefix)")

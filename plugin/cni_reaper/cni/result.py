@@ -76,35 +76,45 @@ def _gateway(v: dict[str, Any], where: str) -> None:
             raise Invalid(f"{where}.gateway", f"Value error, {exc}") from None
 
 
+def _old_ips(top: dict[str, Any]) -> list[dict[str, Any] | None]:
+    """`ip4` and `ip6` of a 0.1.0 or 0.2.0 result."""
+    found = []
+    for key in ("ip4", "ip6"):
+        if key in top:
+            if not isinstance(top[key], dict):
+                raise Invalid(key, "Input should be a valid dictionary")
+            found.append(_address(pick(top[key], OLD_IP_FIELDS), "ip", key))
+    return found
+
+
+def _new_ips(top: dict[str, Any]) -> list[dict[str, Any] | None]:
+    """`ips` of a 0.3.0 or later result (and its interfaces checked as Go decodes them)."""
+    if "interfaces" in top:
+        _check_interfaces(top["interfaces"])
+    entries = top.get("ips", [])
+    if not isinstance(entries, list):
+        raise Invalid("ips", "Input should be a valid list")
+    found = []
+    for i, entry in enumerate(entries):
+        if entry is None:
+            continue  # a nil *IPConfig
+        where = f"ips.{i}"
+        if not isinstance(entry, dict):
+            raise Invalid(where, "Input should be a valid dictionary")
+        v = pick(entry, IP_FIELDS, IP_RESETTABLE)
+        _string(v, "version", where)
+        if "interface" in v and not _is_int(v["interface"]):
+            raise Invalid(f"{where}.interface", "Input should be a valid integer")
+        found.append(_address(v, "address", where))
+    return found
+
+
 def _ips(prev: dict[str, Any], version: str) -> list[dict[str, Any]]:
     top = pick(prev, RESULT_FIELDS, RESULT_RESETTABLE)
     if "cniVersion" in top and not isinstance(top["cniVersion"], str):
         raise Invalid("cniVersion", "Input should be a valid string")
     version = top.get("cniVersion") or version
-    found: list[dict[str, Any] | None] = []
-    if version in OLD_VERSIONS:
-        for key in ("ip4", "ip6"):
-            if key in top:
-                if not isinstance(top[key], dict):
-                    raise Invalid(key, "Input should be a valid dictionary")
-                found.append(_address(pick(top[key], OLD_IP_FIELDS), "ip", key))
-    else:
-        if "interfaces" in top:
-            _check_interfaces(top["interfaces"])
-        entries = top.get("ips", [])
-        if not isinstance(entries, list):
-            raise Invalid("ips", "Input should be a valid list")
-        for i, entry in enumerate(entries):
-            if entry is None:
-                continue  # a nil *IPConfig
-            where = f"ips.{i}"
-            if not isinstance(entry, dict):
-                raise Invalid(where, "Input should be a valid dictionary")
-            v = pick(entry, IP_FIELDS, IP_RESETTABLE)
-            _string(v, "version", where)
-            if "interface" in v and not _is_int(v["interface"]):
-                raise Invalid(f"{where}.interface", "Input should be a valid integer")
-            found.append(_address(v, "address", where))
+    found = _old_ips(top) if version in OLD_VERSIONS else _new_ips(top)
     out: list[dict[str, Any]] = []
     for ip in found:
         if ip is not None and ip not in out:

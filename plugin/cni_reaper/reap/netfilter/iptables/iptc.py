@@ -85,6 +85,19 @@ def available() -> bool:
         return False
 
 
+def _positions(name: str, fresh: Table, ops: list[Op]) -> dict[str, set[int]]:
+    """Per chain, the positions of the rules to delete, each checked against the fresh save."""
+    positions: dict[str, set[int]] = {}
+    for op in ops:
+        if op.kind != "rule":
+            continue
+        rules = fresh.chains.get(op.chain, [])
+        if op.index >= len(rules) or rules[op.index].spec != op.spec:
+            raise BackendError(f"{name} {op.chain} changed since it was read")
+        positions.setdefault(op.chain, set()).add(op.index)
+    return positions
+
+
 class IptcBackend:
     flavour = "legacy"
     name = "python-iptables"
@@ -108,14 +121,7 @@ class IptcBackend:
         which made a sweep quadratic. Every position was checked against a save taken under the same lock."""
         if fresh is None:
             raise BackendError(f"table {name} vanished")
-        positions: dict[str, set[int]] = {}
-        for op in ops:
-            if op.kind != "rule":
-                continue
-            rules = fresh.chains.get(op.chain, [])
-            if op.index >= len(rules) or rules[op.index].spec != op.spec:
-                raise BackendError(f"{name} {op.chain} changed since it was read")
-            positions.setdefault(op.chain, set()).add(op.index)
+        positions = _positions(name, fresh, ops)
         table = (iptc.Table6 if family == 6 else iptc.Table)(name)
         try:
             table.autocommit = False

@@ -16,42 +16,55 @@ class NativePlan:
     skipped: list[str] = field(default_factory=list)
 
 
-def plan_native(rules: list[NativeRule], targets: list[Target]) -> NativePlan:
-    """Deletions in the plugins' native tables (netfilter/native.py says which): a masquerade rule is the
-    target's when its comment carries the target's hash (network, ifname, container ID) and its source is
-    one of the dead addresses; a portmap rule when its comment is the container ID and it DNATs or
-    masquerades to one of the dead addresses. Every other rule, chain and table stays."""
-    out = NativePlan()
-    masq = [r for r in rules if (r.family, r.table) == native.MASQ_TABLE and r.chain == native.MASQ_CHAIN
-            and r.action == "masquerade" and r.comment]
-    hostport = [r for r in rules if (r.family, r.table) in native.HOSTPORT_TABLES and r.comment]
-    by_comment: dict[str, list[NativeRule]] = {}
-    for r in hostport:
-        by_comment.setdefault(r.comment or "", []).append(r)
-    seen: set[tuple[str, str, int]] = set()
+class _Native:
+    """The plan being made: the rules by kind, and the deletions so far (each rule once)."""
 
-    def delete(r: NativeRule, owner: tuple[str, str], what: str, part: str) -> None:
-        if (r.family, r.table, r.handle) not in seen:
-            seen.add((r.family, r.table, r.handle))
-            out.ops.append(NativeOp(r.family, r.table, r.chain, r.handle, owner, what, part))
+    def __init__(self, rules: list[NativeRule]) -> None:
+        self.out = NativePlan()
+        self.masq = [r for r in rules if (r.family, r.table) == native.MASQ_TABLE and r.chain == native.MASQ_CHAIN
+                     and r.action == "masquerade" and r.comment]
+        self.by_comment: dict[str, list[NativeRule]] = {}
+        for r in rules:
+            if (r.family, r.table) in native.HOSTPORT_TABLES and r.comment:
+                self.by_comment.setdefault(r.comment, []).append(r)
+        self.seen: set[tuple[str, str, int]] = set()
 
-    for t in targets:
+    def delete(self, r: NativeRule, owner: tuple[str, str], what: str, part: str) -> None:
+        if (r.family, r.table, r.handle) not in self.seen:
+            self.seen.add((r.family, r.table, r.handle))
+            self.out.ops.append(NativeOp(r.family, r.table, r.chain, r.handle, owner, what, part))
+
+    def masquerade(self, t: Target) -> None:
+        """bridge's rule is the target's when its comment carries the target's hash (network, ifname,
+        container ID), or names it and proves it by the hash (an attachment known only by its tags)."""
+        prefix = native.masq_hash(t.network, t.ifname, t.container_id) + "," if t.ifname else None
+        for r in self.masq:
+            comment = r.comment or ""
+            mine = comment.startswith(prefix) if prefix else (
+                (native.masq_owner(comment) or ("", "", ""))[0::2] == (t.network, t.container_id))
+            if mine and (t.any_source or r.saddr in t.dead_ips):
+                self.delete(r, (t.network, t.container_id), f"native masquerade for {r.saddr}", "masq")
+
+    def hostports(self, t: Target) -> None:
+        """portmap's rules carry the container ID; the target's DNAT or masquerade to one of its dead addresses."""
         owner = (t.network, t.container_id)
+        for r in self.by_comment.get(t.container_id, []):
+            if r.chain in native.DNAT_CHAINS and r.action == "dnat" and r.dnat_addr in t.dead_ips:
+                self.delete(r, owner, f"native DNAT to {r.dnat_addr}", "dnat")
+            elif r.chain == native.HOSTPORT_MASQ_CHAIN and r.action == "masquerade" and r.daddr in t.dead_ips:
+                self.delete(r, owner, f"native hostport masquerade for {r.daddr} from {r.saddr}", "dnat")
+
+
+def plan_native(rules: list[NativeRule], targets: list[Target]) -> NativePlan:
+    """Deletions in the plugins' native tables (rules.py says which): bridge's masquerade rules and portmap's
+    DNAT and masquerade rules of the targets' dead addresses. Every other rule, chain and table stays."""
+    p = _Native(rules)
+    for t in targets:
         if "masq" in t.parts:
-            prefix = native.masq_hash(t.network, t.ifname, t.container_id) + "," if t.ifname else None
-            for r in masq:
-                comment = r.comment or ""
-                mine = comment.startswith(prefix) if prefix else (
-                    (native.masq_owner(comment) or ("", "", ""))[0::2] == (t.network, t.container_id))
-                if mine and (t.any_source or r.saddr in t.dead_ips):
-                    delete(r, owner, f"native masquerade for {r.saddr}", "masq")
+            p.masquerade(t)
         if "dnat" in t.parts:
-            for r in by_comment.get(t.container_id, []):
-                if r.chain in native.DNAT_CHAINS and r.action == "dnat" and r.dnat_addr in t.dead_ips:
-                    delete(r, owner, f"native DNAT to {r.dnat_addr}", "dnat")
-                elif r.chain == native.HOSTPORT_MASQ_CHAIN and r.action == "masquerade" and r.daddr in t.dead_ips:
-                    delete(r, owner, f"native hostport masquerade for {r.daddr} from {r.saddr}", "dnat")
-    return out
+            p.hostports(t)
+    return p.out
 
 
 def tagged_natively(rules: list[NativeRule]) -> dict[tuple[str, str], set[str]]:

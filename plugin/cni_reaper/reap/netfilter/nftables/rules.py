@@ -21,7 +21,6 @@ HOSTPORT_TABLES = (("ip", "cni_hostport"), ("ip6", "cni_hostport"))
 DNAT_CHAINS = ("hostports", "hostip_hostports")
 HOSTPORT_MASQ_CHAIN = "masquerading"
 TABLES = (MASQ_TABLE, *HOSTPORT_TABLES)
-COMMENT_MAX = 128  # knftables.CommentLengthMax: longer comments are cut
 
 
 def _hash(text: str) -> str:
@@ -56,10 +55,6 @@ class NativeRule:
     daddr: str | None  # `ip daddr X` (an exact address; a prefix or a negation is not kept)
     dnat_addr: str | None  # `dnat to X:port`
     action: str | None  # "masquerade", "dnat", or None
-
-    @property
-    def where(self) -> tuple[str, str, str]:
-        return (self.family, self.table, self.chain)
 
 
 def _match_addr(expr: dict, field: str) -> str | None:
