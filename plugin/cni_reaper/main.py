@@ -1,4 +1,5 @@
-"""Entry point: CNI mode when CNI_COMMAND is set, else a one-line about on stderr."""
+"""Entry point: run under another plugin's name, the wrapper of that plugin (wrap/wrapper.py); else CNI mode when
+CNI_COMMAND is set, the CLI when run with arguments, and a one-line about on stderr when run bare."""
 
 from __future__ import annotations
 
@@ -10,7 +11,21 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 
+def wrapped_name(argv0: str) -> str | None:
+    """The plugin this process stands for when it was started under another name (a link `portmap` to it);
+    None when it runs as cni-reaper (any name starting so, a Python interpreter, a module)."""
+    name = os.path.basename(argv0)
+    if not name or name.startswith(("cni-reaper", "python", "-")) or name.endswith(".py"):
+        return None
+    return name
+
+
 def main() -> int:
+    wrapped = wrapped_name(sys.argv[0] if sys.argv else "")
+    if wrapped is not None:
+        from cni_reaper.wrap.wrapper import main as wrap_main
+
+        _exit(wrap_main(wrapped))
     if os.environ.get("CNI_COMMAND"):
         if os.environ.get("CNI_REAPER_STAGES"):
             _exit(_staged())

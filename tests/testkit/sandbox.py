@@ -25,6 +25,26 @@ CONFLISTS = REPO / "conflist"
 _counter = itertools.count()
 
 
+_made: list[str] = []
+
+
+def mountpoint(path: str) -> None:
+    """An empty directory for the sandboxes' private mounts, where the machine has none (removed at exit)."""
+    import atexit
+
+    if not os.path.isdir(path):
+        os.makedirs(path)
+        _made.append(path)
+        if len(_made) == 1:
+            atexit.register(_remove_made)
+
+
+def _remove_made() -> None:
+    for p in reversed(_made):
+        if os.path.isdir(p) and not os.listdir(p):
+            os.rmdir(p)
+
+
 def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), check=check, text=True, capture_output=True, **kw)
 
@@ -170,6 +190,9 @@ class Sandbox:
         self.cni_dir.mkdir(parents=True, exist_ok=True)
         self.var_log = root / "var-log"  # and over /var/log: a shipped conflist's logFile lands here
         self.var_log.mkdir(exist_ok=True)
+        self.run_cni = root / "var-run-cni"  # and over /var/run/cni: Nomad 1.9.4+'s bridge network keeps host-local there
+        self.run_cni.mkdir(exist_ok=True)
+        mountpoint("/run/cni")
         self.log_file = root / "cni-reaper.log"
         self.plugin_dir = root / "plugins"
         self.plugin_dir.mkdir(exist_ok=True)
@@ -178,6 +201,8 @@ class Sandbox:
         self.host = unique("crt-h")
         self.containers: list[str] = []
         self.boot_file: Path | None = None  # after reboot(): the boot id the sandbox's processes read
+        self.extra_env: dict[str, str] = {}  # for every process run in the sandbox (e.g. CNI_REAPER_CONFIG)
+        self.plugin_path = ""  # the runtime's plugin directories, when not the sandbox's own then the reference plugins
         os.makedirs("/var/lib/cni", exist_ok=True)  # the mount point; empty on a fresh machine
         sh("ip", "netns", "add", self.host)
         self.run(["ip", "link", "set", "lo", "up"])
@@ -212,6 +237,7 @@ class Sandbox:
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
         env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        env.update(self.extra_env)
         env.update(extra or {})
         return env
 
@@ -221,8 +247,9 @@ class Sandbox:
         e.g. to hide a binary)."""
         boot = f'mount --bind "{self.boot_file}" /proc/sys/kernel/random/boot_id && ' if self.boot_file else ""
         return ["ip", "netns", "exec", self.host, "sh", "-c",
-                f'mount --bind "$0" /var/lib/cni && mount --bind "$1" /var/log && shift && {boot}'
-                f'{pre + " && " if pre else ""}exec "$@"', str(self.cni_dir), str(self.var_log), *argv]
+                f'mount --bind "$0" /var/lib/cni && mount --bind "$1" /var/log && mount --bind "$2" /run/cni && '
+                f'shift 2 && {boot}{pre + " && " if pre else ""}exec "$@"', str(self.cni_dir), str(self.var_log),
+                str(self.run_cni), *argv]
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, input: str | None = None,
             check: bool = False, timeout: float = 120, pre: str = "") -> subprocess.CompletedProcess:
@@ -267,7 +294,8 @@ class Sandbox:
         """One operation through the stack's runtime, called as Nomad calls it (Status() first on 1.9.5+)."""
         assert self.driver_bin, "this sandbox has no go-cni driver"
         argv = [self.driver_bin, "-conflist", str(conflist or self.conflist()), "-plugindir",
-                f"{self.plugin_dir}:{self.plugins}", "-op", op, "-id", cid, "-netns", netns, "-ports", ports_shape]
+                self.plugin_path or f"{self.plugin_dir}:{self.plugins}", "-op", op, "-id", cid, "-netns", netns,
+                "-ports", ports_shape]
         if self.stack.status:
             argv.append("-status")
         for p in ports:
@@ -315,7 +343,7 @@ class Sandbox:
         """host-local's reservations of `network` (IP -> container ID), in whichever dataDir under the
         sandbox's /var/lib/cni the conflist names (networks/ by default, services/ in custom-network)."""
         out = {}
-        for d in sorted(self.cni_dir.glob(f"*/{network}")):
+        for d in sorted([*self.cni_dir.glob(f"*/{network}"), self.run_cni / network]):
             if d.is_dir() and d.parent.name not in ("results", "reaper"):
                 out.update({p.name: p.read_text().split()[0] for p in d.iterdir() if p.name[0].isdigit() or ":" in p.name})
         return out
@@ -345,9 +373,11 @@ class Sandbox:
         self.boot_file = self.root / f"boot-id-{next(_counter)}"
         self.boot_file.write_text(f"{uuid.uuid4()}\n")
         for rel in tmpfs_dirs:
-            d = self.cni_dir / rel
+            d = self.run_cni if rel == "/var/run/cni" else self.cni_dir / rel
             if d.exists():
                 shutil.rmtree(d)
+            if d == self.run_cni:
+                d.mkdir()
         for name in self.containers + [self.host]:
             sh("ip", "netns", "del", name, check=False)
         self.containers.clear()

@@ -99,7 +99,8 @@ LAYERS = [
     ("cni_reaper.reap", ("cni_reaper.verbs", "cni_reaper.tools", "cni_reaper.cni.shell")),
     ("cni_reaper.reap.netfilter", ("cni_reaper.state", "cni_reaper.reap.sweep", "cni_reaper.reap.cleanup",
                                    "cni_reaper.reap.evidence")),
-    ("cni_reaper.verbs", ("cni_reaper.tools",)),
+    ("cni_reaper.verbs", ("cni_reaper.tools", "cni_reaper.wrap")),
+    ("cni_reaper.wrap", ("cni_reaper.tools",)),
     ("cni_reaper.reap.netfilter.iptables.plan", ("cni_reaper.reap.netfilter.iptables.restore",
                                                  "cni_reaper.reap.netfilter.iptables.iptc",
                                                  "cni_reaper.reap.netfilter.nftables.backend")),
@@ -147,4 +148,5 @@ def test_a_handful_of_modules_at_the_top_and_the_layers_as_packages():
     top = sorted(m for m in MODULES if m.count(".") == 1)
     packages = sorted(m for m, p in MODULES.items() if p.name == "__init__.py" and m.count(".") == 1)
     assert len(top) - len(packages) <= 8, top
-    assert packages == ["cni_reaper.cni", "cni_reaper.reap", "cni_reaper.state", "cni_reaper.tools", "cni_reaper.verbs"]
+    assert packages == ["cni_reaper.cni", "cni_reaper.reap", "cni_reaper.state", "cni_reaper.tools", "cni_reaper.verbs",
+                        "cni_reaper.wrap"]

@@ -46,6 +46,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="where the conflists are (repeatable; default: /opt/cni/config, then /etc/cni/net.d); "
                         "every network whose conflist chains cni-reaper is used with its keys")
     p.add_argument("--network", help="only this network")
+    p.add_argument("--config", metavar="FILE",
+                   help="the settings file of wrapped networks (default: $CNI_REAPER_CONFIG, else "
+                        "/etc/cni-reaper/config.json)")
     p.add_argument("--state-dir", help="records (overrides the conflists' stateDir; default /var/lib/cni/reaper)")
     p.add_argument("--cni-cache-dir", help="libcni's cache (overrides cniCacheDir; default /var/lib/cni)")
     p.add_argument("--ipam-data-dir", help="host-local's dataDir (overrides ipamDataDir; default /var/lib/cni/networks)")
@@ -70,8 +73,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lock-timeout", type=float, help="seconds to wait for the state lock")
     p = sub.add_parser("doctor", help="check the conflists and the host; changes nothing")
     _common(p)
-    p.add_argument("--cni-path", default=DEFAULT_CNI_PATH,
-                   help=f"where the plugins are, as Nomad's client cni_path (default {DEFAULT_CNI_PATH})")
+    p.add_argument("--cni-path", help=f"where the plugins are, as Nomad's client cni_path (default: the cni_path of "
+                                      f"the Nomad client's configuration in /etc/nomad.d, else {DEFAULT_CNI_PATH})")
+    p.add_argument("--nomad-config", default="/etc/nomad.d", metavar="DIR", help="the Nomad agent's configuration files")
     p.add_argument("--log-file", help="overrides logFile")
     p = sub.add_parser("metrics", help="counters of the clean-ups and records by state, in the Prometheus text format")
     _common(p)
@@ -110,34 +114,59 @@ def _scan(args):
     return dirs, scan(dirs)
 
 
-def _contexts(args, found=None) -> tuple[list[Context], bool]:
-    """The networks to work on: every network whose conflist (in --cni-conf-dir) chains cni-reaper, the
-    first file of each name, or only --network; with none, the flags and defaults. Returns (contexts, whether
-    a conflist that could not be used was left out)."""
+def _settings(args):
+    """The settings file of wrapped networks (--config, else CNI_REAPER_CONFIG, else /etc/cni-reaper/config.json)."""
+    from cni_reaper.wrap.settings import load
+
+    env = dict(os.environ)
+    if getattr(args, "config", None):
+        env["CNI_REAPER_CONFIG"] = os.path.abspath(args.config)
+    s = load(env)
+    if s.problem:
+        print(f"{PLUGIN_NAME}: {s.problem}", file=sys.stderr)
+    return s
+
+
+def _context(raw: dict, name: str | None, source: str | None) -> tuple[Context | None, bool]:
     from cni_reaper.cni.conf import parse
 
+    try:
+        conf = parse(raw)
+    except CniError as err:
+        print(f"{PLUGIN_NAME}: {source or 'flags'}: {err.msg} ({err.details}); network {name} skipped", file=sys.stderr)
+        return None, True
+    for warning in conf.warnings:
+        print(f"{PLUGIN_NAME}: {source or 'flags'}: {warning}", file=sys.stderr)
+    return Context(conf, name, source), False
+
+
+def _contexts(args, found=None) -> tuple[list[Context], bool]:
+    """The networks to work on: every network whose conflist (in --cni-conf-dir) chains cni-reaper, the
+    first file of each name, and every network the settings file of wrapped networks names, or only
+    --network; with none, the settings file's keys, the flags and the defaults. Returns (contexts, whether a
+    network that could not be used was left out)."""
     dirs, found = found if found is not None else _scan(args)
     overrides = _overrides(args)
+    settings = _settings(args)
     contexts, skipped = [], False
     networks = [n for n in found.networks if n.shadowed_by is None and (not args.network or n.name == args.network)]
-    for n in networks:
-        try:
-            conf = parse({**n.raw_conf(), **overrides})
-        except CniError as err:
-            print(f"{PLUGIN_NAME}: {n.path}: {err.msg} ({err.details}); network {n.name} skipped", file=sys.stderr)
-            skipped = True
-            continue
-        for warning in conf.warnings:
-            print(f"{PLUGIN_NAME}: {n.path}: {warning}", file=sys.stderr)
-        contexts.append(Context(conf, n.name, n.path))
-    if not networks:
+    runs = [({**n.raw_conf(), **overrides}, n.name, n.path) for n in networks]
+    named = {n.name for n in networks}
+    runs += [({"name": n, **settings.for_network(n), **overrides}, n, settings.path) for n in sorted(settings.networks)
+             if n not in named and (not args.network or n == args.network)]
+    for raw, name, source in runs:
+        c, bad = _context(raw, name, source)
+        skipped |= bad
+        if c is not None:
+            contexts.append(c)
+    if not runs:
         if not found.networks and not args.json:
-            print(f"{PLUGIN_NAME}: no conflist in {', '.join(dirs)} chains cni-reaper; using the defaults and flags",
-                  file=sys.stderr)
-        conf = parse({"name": args.network or "cli", **overrides})
-        for warning in conf.warnings:
-            print(f"{PLUGIN_NAME}: {warning}", file=sys.stderr)
-        contexts.append(Context(conf, args.network, None))
+            print(f"{PLUGIN_NAME}: no conflist in {', '.join(dirs)} chains cni-reaper; using the defaults and flags"
+                  + (f" and {settings.path}" if settings.keys else ""), file=sys.stderr)
+        c, bad = _context({"name": args.network or "cli", **settings.keys, **overrides}, args.network, None)
+        skipped |= bad
+        if c is not None:
+            contexts.append(c)
     return contexts, skipped
 
 
@@ -372,8 +401,11 @@ def cmd_doctor(args) -> int:
 
     dirs, found = _scan(args)
     contexts, skipped = _contexts(args, (dirs, found))
-    cni_path = [d for d in args.cni_path.split(":") if d]
-    findings = doctor.check_scan(found, dirs)
+    nomad = doctor.nomad_cni_path(args.nomad_config)
+    cni_path = [d for d in args.cni_path.split(":") if d] if args.cni_path else (
+        nomad[0] if nomad else DEFAULT_CNI_PATH.split(":"))
+    wrap = doctor.check_wrap(cni_path, nomad)
+    findings = doctor.check_scan(found, dirs, wrapped=bool(wrap)) + wrap
     by_name = {n.name: n for n in found.networks if n.shadowed_by is None}
     for n in found.networks:
         if n.shadowed_by is not None and (not args.network or n.name == args.network):

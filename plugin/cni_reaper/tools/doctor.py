@@ -364,12 +364,15 @@ def check_nftables() -> Finding:
     return Finding(OK, "nftables", "", "no native tables of plugins 1.6+ (they appear with the nftables backend)")
 
 
-def check_scan(scan: Scan, dirs: list[str]) -> list[Finding]:
+def check_scan(scan: Scan, dirs: list[str], wrapped: bool = False) -> list[Finding]:
     out = []
     for path, why in scan.unreadable:
         out.append(Finding(WARN, "conflist", "", f"{path} cannot be read: {why}; Nomad cannot load it either",
                            f"fix or remove {path}", path))
-    if not scan.networks:
+    if not scan.networks and wrapped:
+        out.append(Finding(OK, "conflist", "", f"no conflist in {', '.join(dirs)} chains cni-reaper; it wraps a plugin "
+                           "of Nomad's own bridge network (wrap mode)"))
+    elif not scan.networks:
         out.append(Finding(FAIL, "conflist", "", f"no conflist in {', '.join(dirs)} chains cni-reaper",
                            "install one (scripts/install.sh, or /usr/share/cni-reaper/conflist/ from the .deb) or "
                            "point --cni-conf-dir at Nomad's client cni_config_dir"))
@@ -382,3 +385,71 @@ def check_scan(scan: Scan, dirs: list[str]) -> list[Finding]:
 def summary(findings: list[Finding]) -> str:
     counts = {s: sum(f.status == s for f in findings) for s in (OK, WARN, FAIL)}
     return f"{counts[FAIL]} FAIL, {counts[WARN]} WARN, {counts[OK]} OK"
+
+
+# -- wrap mode -----------------------------------------------------------------------------------------
+NOMAD_CONFIG_DIR = "/etc/nomad.d"
+
+
+def nomad_cni_path(directory: str = NOMAD_CONFIG_DIR) -> tuple[list[str], str] | None:
+    """The client's cni_path as the Nomad configuration files in `directory` set it (the last file that sets
+    it wins, as Nomad merges them in name order), and that file; None when none does."""
+    import glob
+    import re
+
+    found = None
+    for path in sorted(glob.glob(os.path.join(directory, "*.hcl")) + glob.glob(os.path.join(directory, "*.json"))):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read(1 << 20)
+        except OSError:
+            continue
+        m = re.search(r'"?cni_path"?\s*[=:]\s*"([^"]*)"', text)
+        if m:
+            found = ([d for d in m.group(1).split(":") if d], path)
+    return found
+
+
+def wrappers(cni_path: list[str]) -> list[tuple[str, str]]:
+    """(directory, name) of every link to cni-reaper on the path under another plugin's name."""
+    from cni_reaper.main import wrapped_name
+    from cni_reaper.wrap import real
+
+    own = real.own_identities()
+    out = []
+    for d in cni_path:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            if wrapped_name(name) is not None and real._ident(os.path.join(d, name)) in own:
+                out.append((d, name))
+    return out
+
+
+def check_wrap(cni_path: list[str], nomad: tuple[list[str], str] | None) -> list[Finding]:
+    """Each wrapper: it resolves to cni-reaper, the real plugin of its name follows it on the path (and none
+    comes before it), and Nomad's cni_path puts the wrapper's directory first."""
+    from cni_reaper.wrap import real
+
+    out = []
+    own = real.own_identities()
+    for d, name in wrappers(cni_path):
+        before = cni_path[:cni_path.index(d)]
+        shadow = real.find(name, before, own)
+        after = real.find(name, cni_path[cni_path.index(d) + 1:], own)
+        if shadow:
+            out.append(Finding(FAIL, "wrap", "", f"{shadow} comes before the wrapper {d}/{name} on the path: the "
+                               "runtime runs it and the wrapper never", f"put {d} first in cni_path"))
+        elif after is None:
+            out.append(Finding(FAIL, "wrap", "", f"the wrapper {d}/{name} finds no real {name} after it on the path: "
+                               "every allocation on the network fails", f"install the reference plugins, or add their "
+                               f"directory after {d} in cni_path"))
+        else:
+            out.append(Finding(OK, "wrap", "", f"{d}/{name} wraps {after}"))
+        if nomad is not None and nomad[0][:1] != [d]:
+            out.append(Finding(WARN if d in nomad[0] else FAIL, "wrap", "", f"Nomad's cni_path in {nomad[1]} is "
+                               f"{':'.join(nomad[0])}: the wrapper directory {d} is not first",
+                               f'set cni_path = "{d}:{":".join(x for x in nomad[0] if x != d)}" in the client block'))
+    return out

@@ -1,0 +1,86 @@
+"""cni-reaper's settings where there is no conflist entry to hold them (a wrapper in Nomad's own bridge
+network, whose conflist Nomad builds in memory): a JSON file, by default /etc/cni-reaper/config.json, its path
+overridable by CNI_REAPER_CONFIG (plugins inherit the Nomad agent's environment). The same keys as the
+conflist entry (stateDir, ipamDataDir, cniCacheDir, backend, lockTimeout, logFile, mode), optionally per
+network under "networks": {"<name>": {...}}, and cniPath (where a bare run looks for the real plugin) and
+wrapTimeout (seconds cni-reaper's own work may take in one call). Keys are decoded as the conflist's are
+(any case, null is absent); a file that cannot be used gives the defaults and a warning, never a failure."""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+from cni_reaper import jsonio
+from cni_reaper.gojson import pick
+
+DEFAULT_FILE = "/etc/cni-reaper/config.json"
+MAX_BYTES = 1 << 20
+OWN_KEYS = ("stateDir", "ipamDataDir", "cniCacheDir", "backend", "lockTimeout", "logFile", "mode")
+FILE_KEYS = (*OWN_KEYS, "cniPath", "wrapTimeout", "networks")
+DEFAULT_WRAP_TIMEOUT = 10.0
+
+
+class Settings:
+    __slots__ = ("cni_path", "keys", "networks", "path", "problem", "wrap_timeout")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.keys: dict[str, Any] = {}
+        self.networks: dict[str, dict[str, Any]] = {}
+        self.cni_path: str | None = None
+        self.wrap_timeout = DEFAULT_WRAP_TIMEOUT
+        self.problem = ""
+
+    def for_network(self, name: str) -> dict[str, Any]:
+        """The conflist-entry keys of network `name`: the file's, then the network's own over them."""
+        return {**self.keys, **self.networks.get(name, {})}
+
+
+def path_of(env: Mapping[str, str]) -> str:
+    return env.get("CNI_REAPER_CONFIG") or DEFAULT_FILE
+
+
+def load(env: Mapping[str, str]) -> Settings:
+    s = Settings(path_of(env))
+    try:
+        with open(s.path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return s
+    except OSError as exc:
+        s.problem = f"{s.path}: {exc.strerror}; using the defaults"
+        return s
+    try:
+        doc = jsonio.loads(data) if len(data) <= MAX_BYTES else None
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        doc = None
+    if not isinstance(doc, dict):
+        s.problem = f"{s.path} is not a JSON object (of at most 1 MiB); using the defaults"
+        return s
+    _take(s, pick(doc, FILE_KEYS, ("networks",)))
+    return s
+
+
+def _take(s: Settings, v: dict[str, Any]) -> None:
+    s.keys = {k: v[k] for k in OWN_KEYS if k in v}
+    if isinstance(v.get("cniPath"), str):
+        s.cni_path = v["cniPath"]
+    t = v.get("wrapTimeout")
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t <= 300:
+        s.wrap_timeout = float(t)
+    networks = v.get("networks")
+    if isinstance(networks, dict):
+        for name, keys in networks.items():
+            if isinstance(keys, dict):
+                s.networks[name] = pick(keys, OWN_KEYS)
+    elif networks is not None:
+        s.problem = f"{s.path}: networks is not an object; ignored"
+
+
+def exists(env: Mapping[str, str]) -> bool:
+    return os.path.exists(path_of(env))

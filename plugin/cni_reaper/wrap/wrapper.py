@@ -1,0 +1,138 @@
+"""Wrap mode: cni-reaper run under the name of another plugin (a link named `portmap` in a directory put first
+on the client's cni_path) is that plugin's wrapper, for a network whose conflist cannot chain it (Nomad's own
+`bridge` network, built in memory).
+
+- The real plugin of that name is found on CNI_PATH (the first that is not cni-reaper: wrap/real.py), run
+  with the same argv, environment and stdin, and its stdout, stderr and exit status are returned unchanged:
+  to the runtime the wrapper is that plugin. Run with no CNI_COMMAND (Nomad's fingerprint), it is run just
+  the same, so the version Nomad records is the real plugin's.
+- cni-reaper's own work happens beside it, as when it is chained last: ADD (once the real plugin succeeded)
+  records the attachment from the result the real plugin returned and runtimeConfig.portMappings, and
+  sweeps; DEL does cni-reaper's DEL first (it runs first in a DEL when chained last too); CHECK, STATUS and
+  GC do theirs after a real answer that succeeded. Its settings come from the settings file
+  (wrap/settings.py), never from the wrapped plugin's own keys.
+- That work never changes the outcome: whatever it meets (an unusable state directory or settings file, a
+  lock never free, an exception) is logged and dropped, and it is bounded in time (wrapTimeout, default
+  10 s): Nomad serialises a client's network setup and teardown and gives plugins no timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+from cni_reaper import jsonio
+from cni_reaper.wrap import real, spawn
+from cni_reaper.wrap.settings import Settings, load
+
+FROM_THE_RUNTIME = ("cniVersion", "cniVersions", "name", "runtimeConfig", "capabilities", "prevResult")
+
+
+class Budget(Exception):
+    """cni-reaper's own work ran out of its time in this call."""
+
+
+def main(name: str) -> int:
+    env = dict(os.environ)
+    settings = load(env)
+    command = env.get("CNI_COMMAND", "")
+    stdin = sys.stdin.buffer.read(16 << 20) if command else b""
+    plugin = real.find(name, real.search_path(env, settings.cni_path), real.own_identities())
+    if plugin is None:
+        return _not_found(name, env, settings, command)
+    if command == "DEL":
+        _own(command, stdin, None, env, settings)
+    code, out = spawn.run(plugin, [plugin, *sys.argv[1:]], env, stdin)
+    if code == 0 and command in ("ADD", "CHECK", "STATUS", "GC"):
+        _own(command, stdin, out, env, settings)
+    try:
+        os.write(1, out) if out else None
+    except OSError:
+        return code or 1
+    return code
+
+
+def _not_found(name: str, env: Mapping[str, str], settings: Settings, command: str) -> int:
+    where = ":".join(real.search_path(env, settings.cni_path))
+    msg = f"cni-reaper wraps {name}, but no {name} plugin other than cni-reaper is in {where}"
+    fix = (f"install the reference plugins there, or put the wrapper's directory first and the plugins' after it "
+           f"in Nomad's client cni_path (and set cniPath in {settings.path} for runs without CNI_PATH)")
+    if command:
+        err = {"cniVersion": "1.1.0", "code": 5, "msg": msg, "details": fix}
+        os.write(1, jsonio.dumps(err).encode())
+    else:
+        sys.stderr.write(f"{msg}: {fix}\n")
+    return 1
+
+
+def conf_for(stdin: bytes, result: bytes | None, settings: Settings) -> dict[str, Any] | None:
+    """cni-reaper's configuration for this call: what the runtime hands every plugin (the network's name and
+    version, runtimeConfig, the capabilities of the wrapped entry, prevResult: for ADD the real plugin's
+    result), and cni-reaper's own keys from the settings file, never the wrapped plugin's (portmap's
+    `backend` is not cni-reaper's)."""
+    from cni_reaper.gojson import pick
+
+    try:
+        given = jsonio.loads(stdin)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return None
+    if not isinstance(given, dict):
+        return None
+    v = pick(given, FROM_THE_RUNTIME, ("cniVersions", "prevResult", "capabilities"))
+    name = v.get("name")
+    conf = {**settings.for_network(name if isinstance(name, str) else ""), **v, "type": "cni-reaper"}
+    if result is not None:
+        try:
+            conf["prevResult"] = jsonio.loads(result)
+        except (ValueError, RecursionError, UnicodeDecodeError):
+            return None
+    return conf
+
+
+def _own(command: str, stdin: bytes, result: bytes | None, env: dict[str, str], settings: Settings) -> None:
+    """cni-reaper's own part of the call, which never changes its outcome and is bounded in time."""
+    import signal
+
+    def out_of_time(signum: int, frame: Any) -> None:
+        raise Budget()
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, settings.wrap_timeout)
+    try:
+        conf = conf_for(stdin, result if command == "ADD" else None, settings)
+        if conf is not None:
+            _serve(command, conf, env, settings)
+    except Budget:
+        _warn(f"cni-reaper's own work took longer than wrapTimeout ({settings.wrap_timeout:g} s) and was stopped; "
+              "a later call finishes it")
+    except BaseException as exc:  # noqa: BLE001 - the wrapped plugin's answer stands, whatever happens here
+        _warn(f"cni-reaper's own work failed: {type(exc).__name__}: {exc}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _serve(command: str, conf: dict[str, Any], env: dict[str, str], settings: Settings) -> None:
+    import io
+
+    from cni_reaper.cni import shell
+    from cni_reaper.verbs.dispatch import dispatch
+
+    if settings.problem:
+        _warn(settings.problem)
+    out = io.StringIO()
+    shell.run(env, io.BytesIO(jsonio.dumps(conf).encode()), out, dispatch)
+    answer = out.getvalue()
+    if answer and '"code"' in answer:  # cni-reaper's own error: logged, the real plugin's answer stands
+        _warn(f"cni-reaper's own {command} did not succeed: {answer[:400]}")
+
+
+def _warn(msg: str) -> None:
+    from cni_reaper import log
+
+    log.warn(msg)
