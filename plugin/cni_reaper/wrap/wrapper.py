@@ -30,7 +30,9 @@ from cni_reaper import jsonio
 from cni_reaper.wrap import real, spawn
 from cni_reaper.wrap.settings import Settings, load
 
-FROM_THE_RUNTIME = ("cniVersion", "cniVersions", "name", "runtimeConfig", "capabilities", "prevResult")
+# what the runtime hands every plugin (libcni puts them into each entry), as opposed to the wrapped plugin's keys
+FROM_THE_RUNTIME = ("cniVersion", "cniVersions", "name", "runtimeConfig", "capabilities", "prevResult",
+                    "cni.dev/valid-attachments", "cni.dev/attachments")
 
 
 class Budget(Exception):
@@ -83,7 +85,8 @@ def conf_for(stdin: bytes, result: bytes | None, settings: Settings) -> dict[str
         return None
     if not isinstance(given, dict):
         return None
-    v = pick(given, FROM_THE_RUNTIME, ("cniVersions", "prevResult", "capabilities"))
+    v = pick(given, FROM_THE_RUNTIME, ("cniVersions", "prevResult", "capabilities", "cni.dev/valid-attachments",
+                                       "cni.dev/attachments"))
     name = v.get("name")
     conf = {**settings.for_network(name if isinstance(name, str) else ""), **v, "type": "cni-reaper"}
     if result is not None:
