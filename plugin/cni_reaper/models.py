@@ -173,6 +173,7 @@ class PluginConf(GoStruct):
     backend: Literal["auto", "nft", "legacy"] = "auto"
     lockTimeout: float = Field(default=DEFAULT_LOCK_TIMEOUT, ge=0, le=MAX_LOCK_TIMEOUT, allow_inf_nan=False)
     logFile: str = DEFAULT_LOG_FILE
+    mode: Literal["clean", "observe"] = "clean"
     prevResult: Optional[Dict[str, Any]] = None
     runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig)
     capabilities: Optional[Dict[str, Any]] = None
@@ -194,6 +195,11 @@ class PluginConf(GoStruct):
     def _backend_case(cls, v: Any) -> Any:
         return (v.lower() or "auto") if isinstance(v, str) else v
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_case(cls, v: Any) -> Any:
+        return (v.lower() or "clean") if isinstance(v, str) else v
+
     @field_validator("lockTimeout")
     @classmethod
     def _zero_is_default(cls, v: float) -> float:
@@ -206,6 +212,7 @@ class PluginConf(GoStruct):
     _ipam = field_validator("ipamDataDir", mode="wrap")(_fallback(DEFAULT_IPAM_DATA_DIR))
     _cache = field_validator("cniCacheDir", mode="wrap")(_fallback(DEFAULT_CNI_CACHE_DIR))
     _log = field_validator("logFile", mode="wrap")(_fallback(DEFAULT_LOG_FILE))
+    _mode = field_validator("mode", mode="wrap")(_fallback("observe"))
     _backend = field_validator("backend", mode="wrap")(_fallback("auto"))
     _timeout = field_validator("lockTimeout", mode="wrap")(_fallback(DEFAULT_LOCK_TIMEOUT))
     _runtime = field_validator("runtimeConfig", mode="wrap")(_fallback(RuntimeConfig()))

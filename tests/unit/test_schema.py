@@ -46,6 +46,7 @@ VALID_CONF = {"name": "net", "type": "cni-reaper", "stateDir": "/var/lib/cni/rea
 FIELD_VALUES = {
     "name": junk, "type": junk, "stateDir": paths, "ipamDataDir": paths, "cniCacheDir": paths, "logFile": paths,
     "backend": st.one_of(st.sampled_from(["auto", "nft", "legacy", "iptables", "NFT", ""]), junk),
+    "mode": st.one_of(st.sampled_from(["clean", "observe", "Observe", "CLEAN", "", "observ", "dry-run"]), junk),
     "lockTimeout": st.one_of(st.floats(-1, 400), st.integers(-5, 400), st.sampled_from([float("inf"), float("nan")]), junk),
     "cniVersion": junk,
     "cniVersions": st.one_of(st.lists(st.sampled_from(["1.0.0", "0.4.0"]), max_size=2), st.lists(junk, max_size=2), junk),
@@ -103,7 +104,7 @@ def test_config_mirror_agrees_with_the_schema(raw):
     if fast is None:
         return
     for attr in ("name", "type", "stateDir", "ipamDataDir", "cniCacheDir", "backend", "lockTimeout", "logFile",
-                 "prevResult", "portMappingsDeclared"):
+                 "mode", "prevResult", "portMappingsDeclared"):
         assert getattr(fast, attr) == getattr(slow, attr), attr
     assert [p.as_dict() for p in fast.portMappings] == [p.model_dump() for p in slow.runtimeConfig.portMappings]
 

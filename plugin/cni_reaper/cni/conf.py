@@ -31,6 +31,7 @@ DEFAULT_LOG_FILE = "/var/log/cni-reaper.log"
 DEFAULT_LOCK_TIMEOUT = 10.0
 MAX_LOCK_TIMEOUT = 300.0
 BACKENDS = ("auto", "nft", "legacy")
+MODES = ("clean", "observe")  # observe: judge and say what would go, remove nothing
 PROTOCOLS = ("tcp", "udp", "sctp")
 MAX_PORT_MAPPINGS = 65535
 MAX_PATH = 1024
@@ -38,7 +39,7 @@ MAX_PATH = 1024
 # The fields of each object, as the Go structs name them; the second tuple: slice, map or pointer fields
 # (a null resets them). runtimeConfig is a struct value in portmap's NetConf: a null leaves it alone.
 TOP_FIELDS = ("cniVersion", "cniVersions", "name", "type", "stateDir", "ipamDataDir", "cniCacheDir", "backend",
-              "lockTimeout", "logFile", "prevResult", "runtimeConfig", "capabilities")
+              "lockTimeout", "logFile", "mode", "prevResult", "runtimeConfig", "capabilities")
 TOP_RESETTABLE = ("cniVersions", "prevResult", "capabilities")
 RUNTIME_FIELDS = ("portMappings",)
 PORT_FIELDS = ("hostPort", "containerPort", "protocol", "hostIP")
@@ -130,6 +131,7 @@ class Conf:
         "ipamDataDir",
         "lockTimeout",
         "logFile",
+        "mode",
         "name",
         "portMappings",
         "portMappingsDeclared",
@@ -143,6 +145,7 @@ class Conf:
     ipamDataDir: str
     lockTimeout: float
     logFile: str
+    mode: str
     name: str
     portMappings: list[PortMapping]
     portMappingsDeclared: bool
@@ -190,6 +193,17 @@ def _backend(v: dict[str, Any], warnings: list[str]) -> str:
     return backend
 
 
+def _mode(v: dict[str, Any], warnings: list[str]) -> str:
+    """clean (the default) or observe; a value that is neither is taken for observe, the safe side (a typo
+    must not make a janitor remove what its operator only meant it to watch)."""
+    given = v.get("mode", "clean")
+    mode = (given.lower() or "clean") if isinstance(given, str) else given
+    if mode not in MODES:
+        warnings.append(f"mode {given!r} is not clean or observe; observing (nothing is removed)")
+        return "observe"
+    return mode
+
+
 def _lock_timeout(v: dict[str, Any], warnings: list[str]) -> float:
     t = v.get("lockTimeout", 0)
     if (not _is_int(t) and not isinstance(t, float)) or t != t or t < 0 or t > MAX_LOCK_TIMEOUT:
@@ -226,6 +240,7 @@ def parse(raw: dict[str, Any], top: dict[str, Any] | None = None, lenient: bool 
     c.cniCacheDir = _own_path(v, "cniCacheDir", DEFAULT_CNI_CACHE_DIR, warnings)
     c.logFile = _own_path(v, "logFile", DEFAULT_LOG_FILE, warnings, empty_ok=True)
     c.backend = _backend(v, warnings)
+    c.mode = _mode(v, warnings)
     c.lockTimeout = _lock_timeout(v, warnings)
     c.prevResult = _prev_result(v, lenient, warnings)
     caps = v.get("capabilities")

@@ -19,6 +19,8 @@ class Outcome:
     backends: dict[int, str] = field(default_factory=dict)  # family -> backend name
     counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (network, kind) -> items removed
     unknown: dict[str, int] = field(default_factory=dict)  # why something could not be judged -> how many
+    would: dict[Key, list[str]] = field(default_factory=dict)  # observe mode: what would have been removed
+    would_counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def backend(self) -> str:
@@ -49,3 +51,7 @@ class Outcome:
         self.backends.update(other.backends)
         for why, n in other.unknown.items():
             self.unknown[why] = self.unknown.get(why, 0) + n
+        for k, items in other.would.items():
+            self.would.setdefault(k, []).extend(items)
+        for k2, n in other.would_counts.items():
+            self.would_counts[k2] = self.would_counts.get(k2, 0) + n

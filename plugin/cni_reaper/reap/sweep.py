@@ -251,9 +251,11 @@ def targets_of(sel: Selection) -> list[Target]:
 
 
 # -- the sweep ----------------------------------------------------------------------------------------
-def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False, backend_for: Any = None) -> Outcome:
+def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False, backend_for: Any = None,
+          modes: dict[str, str] | None = None) -> Outcome:
     """Clean what the selection's dead lives and extra targets left behind, then settle the records. The
-    caller holds the state lock; `store` None: there are no records (only extra targets)."""
+    caller holds the state lock; `store` None: there are no records (only extra targets). `modes`: network ->
+    clean or observe; what a network in observe mode would lose is planned and reported, never removed."""
     from cni_reaper.reap.cleanup import Settings as CleanSettings
     from cni_reaper.reap.cleanup import clean
     from cni_reaper.reap.outcome import Outcome
@@ -264,33 +266,74 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         out.unknown = dict(sel.view.blind)
         return out
     started = time.monotonic()
-    settings = CleanSettings([*sel.data_dirs, *DEFAULT_IPAM_DIRS], conf.lockTimeout, backend_for, dry_run)
-    outcome = clean(targets, sel.holders, settings)
+    watching = {n for n, m in (modes or {}).items() if m == "observe"}
+    data_dirs = [*sel.data_dirs, *DEFAULT_IPAM_DIRS]
+    outcome = clean([t for t in targets if t.network not in watching], sel.holders,
+                    CleanSettings(data_dirs, conf.lockTimeout, backend_for, dry_run))
+    watched = [t for t in targets if t.network in watching]
+    if watched:
+        seen = clean(watched, sel.holders, CleanSettings(data_dirs, conf.lockTimeout, backend_for, dry_run=True))
+        outcome.would, outcome.would_counts = seen.removed, seen.counts
+        outcome.errors += seen.errors
+        if store is not None and not dry_run:
+            report_observed(store, seen)
     outcome.unknown = dict(sel.view.blind)
     if not dry_run and store is not None:
-        settle(store, sel, targets, outcome, time.monotonic() - started)
+        settle(store, sel, targets, outcome, time.monotonic() - started, watching)
     return outcome
 
 
-def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome, seconds: float) -> None:
-    """Drop the records whose leftovers are verified gone, trim the earlier lives that were cleaned, count."""
+def report_observed(store: Store, seen: Outcome) -> None:
+    """Observe mode: a "would remove" line (and the would-remove counters) per attachment and change of what it
+    would remove, not per call."""
+    from cni_reaper.state import counters, modes
+
+    digest = modes.observed(store)
+    keys = {"\0".join(k) for k in store.entries()} if store.index is not None else set()
+    fresh: dict[tuple[str, str], int] = {}
+    for k, items in seen.removed.items():
+        name, mark = "\0".join(k), "\0".join(sorted(items))
+        if digest.get(name) == mark:
+            continue
+        digest[name] = mark
+        keys.add(name)
+        log.info("would remove", network=k[0], containerID=k[1], ifname=k[2], items=items, mode="observe")
+        for (network, kind), n in seen.counts.items():
+            if network == k[0]:
+                fresh[(network, kind)] = fresh.get((network, kind), 0) + n
+    modes.save_observed(store, {k: v for k, v in digest.items() if k in keys})
+    if fresh:
+        counters.add_would(store, fresh)
+
+
+def _settle_one(store: Store, j: Judged, watching: set[str]) -> bool:
+    """Drop (True when it was a dead attachment's) or trim one record whose clean-up went through."""
+    k, r = j.key, j.record
+    if k[0] in watching and not (j.state == DONE and not (r["deleted"] or {}).get("verify", True)):
+        return False  # observe mode: nothing of it was removed
+    if j.state in SWEEPABLE:
+        store.remove(*k, sync=False)
+        log.info("record dropped", network=k[0], containerID=k[1], ifname=k[2], state=j.state, why=j.why)
+        return True
+    if j.state == LIVE and r["earlier"]:
+        kept = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
+        if len(kept) != len(r["earlier"]):
+            store.save(dict(r, earlier=kept))
+    return False
+
+
+def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome, seconds: float,
+           watching: set[str] | None = None) -> None:
+    """Drop the records whose leftovers are verified gone, trim the earlier lives that were cleaned, count.
+    Records of networks in observe mode stay as they are (nothing of theirs was removed), but for finished DELs
+    that left nothing to look at."""
     from cni_reaper.state import counters
 
     cleaned: dict[str, int] = {}
     for j in sel.judged:
-        k = j.key
-        if k in outcome.kept:
-            continue
-        r = j.record
-        if j.state in SWEEPABLE:
-            store.remove(*k, sync=False)
-            log.info("record dropped", network=k[0], containerID=k[1], ifname=k[2], state=j.state, why=j.why)
-            if j.state != DONE or k in outcome.removed:  # a DEL that went well is no dead attachment
-                cleaned[k[0]] = cleaned.get(k[0], 0) + 1
-        elif j.state == LIVE and r["earlier"]:
-            kept = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
-            if len(kept) != len(r["earlier"]):
-                store.save(dict(r, earlier=kept))
+        dropped = j.key not in outcome.kept and _settle_one(store, j, watching or set())
+        if dropped and (j.state != DONE or j.key in outcome.removed):  # a DEL that went well is no dead attachment
+            cleaned[j.key[0]] = cleaned.get(j.key[0], 0) + 1
     for t in sel.extra:  # attachments with no record (orphans, GC's): cleaned if something of theirs was
         if t.whole and t.key in outcome.removed and t.key not in outcome.kept:
             cleaned[t.network] = cleaned.get(t.network, 0) + 1
@@ -316,6 +359,15 @@ def stale(store: Store, conf: Any, view: View, exclude: frozenset = frozenset())
     return found, done
 
 
+def network_modes(store: Store, conf: Any) -> dict[str, str]:
+    """Each network's mode as the state directory knows it, this call's network's as its configuration says."""
+    from cni_reaper.state import modes
+
+    known = modes.modes(store)
+    modes.remember_mode(store, known, conf.name, conf.mode)
+    return known
+
+
 def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
                   view: View | None = None) -> Outcome | None:
     """The sweep of a verb whose own work is done: nothing it meets fails the verb. With nothing stale it
@@ -333,7 +385,7 @@ def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), ext
             return None
         sel = select_indexed(store, view, conf, exclude)
         sel.extra = list(extra or ())
-        return sweep(store, conf, sel)
+        return sweep(store, conf, sel, modes=network_modes(store, conf))
     except Exception as exc:  # noqa: BLE001 - a sweep never fails the verb that runs it
         log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         return None

@@ -29,7 +29,7 @@ BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds, t
 
 def empty() -> dict:
     return {"version": VERSION, "since": time.time(), "attachments": {}, "removed": {}, "failures": {},
-            "errors": 0, "sweeps": {}, "lastSweep": None, "lastFailure": None}
+            "errors": 0, "sweeps": {}, "lastSweep": None, "lastFailure": None, "wouldRemove": {}}
 
 
 def parse(data: bytes | None) -> dict:
@@ -75,6 +75,19 @@ def count(counters: dict, outcome, cleaned: dict[str, int], seconds: float, verb
     if outcome.errors or outcome.failed:
         counters["lastFailure"] = now
     return counters
+
+
+def add_would(store: Store, counts: dict[tuple[str, str], int]) -> None:
+    """Observe mode: what would have been removed, by network and kind (counted once per attachment and
+    change). The caller holds the state lock. Never raises."""
+    try:
+        c = load(store)
+        for (network, kind), n in counts.items():
+            per = c["wouldRemove"].setdefault(network, {})
+            per[kind] = per.get(kind, 0) + n
+        store.dir.write(FILE, jsonio.dumps(c).encode(), durable=True)
+    except Exception as exc:  # noqa: BLE001 - counting never fails a verb
+        log.warn("metrics could not be counted", error=f"{type(exc).__name__}: {exc}")
 
 
 def add(store: Store, outcome: Outcome, cleaned: dict[str, int], seconds: float) -> None:

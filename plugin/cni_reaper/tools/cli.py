@@ -283,14 +283,31 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
                 runs += [(first.conf, n) for n in sorted({r["network"] for r in records} - named)]
             confs = {n: conf for conf, n in runs if n}
             recorded = {(r["network"], r["containerID"]) for r in records}
+            modes = _modes(store, group, records)
             for conf, network in runs:
                 sel = select(records, view, confs, conf, only_network=network)
                 if args.orphans:
                     sel.extra = orphans.proven_dead(conf, recorded, view, network)
-                total.merge(sweep(store, conf, sel, dry_run=not args.apply))
+                total.merge(sweep(store, conf, sel, dry_run=not args.apply, modes=modes))
     finally:
         if store is not None:
             store.close()
+
+
+def _modes(store, group: list[Context], records: list[dict]) -> dict[str, str]:
+    """Each network's mode: as the conflists (and the settings file) say it, else as the state directory knows
+    it from the network's own calls; a network whose conflist says so is noted there (under the lock)."""
+    from cni_reaper.state import modes
+
+    known = modes.modes(store) if store is not None else {}
+    for c in group:
+        if c.network and store is not None:
+            modes.remember_mode(store, known, c.network, c.conf.mode)
+        elif c.network:
+            known[c.network] = c.conf.mode
+    if any(c.network is None and c.conf.mode == "observe" for c in group):  # no conflist: the settings say observe
+        known.update({r["network"]: "observe" for r in records})
+    return known
 
 
 class _NoLock:
@@ -322,6 +339,7 @@ def cmd_sweep(args) -> int:
     if args.json:
         print(json.dumps({"applied": args.apply, "attachments": groups, "count": count, "errors": total.errors,
                           "skipped": total.skipped, "unknown": total.unknown, "backends": backends,
+                          "observed": {" ".join(k): v for k, v in total.would.items()},
                           "networks": [c.network for c in contexts if c.network]}, indent=1))
     else:
         _print_sweep(args, groups, count, total, backends)
@@ -331,7 +349,7 @@ def cmd_sweep(args) -> int:
         return EXIT_ERROR
     if total.unknown:
         return EXIT_BLIND
-    if not args.apply and count:
+    if (not args.apply and count) or total.would:
         return EXIT_FOUND
     return EXIT_OK
 
@@ -340,6 +358,10 @@ def _print_sweep(args, groups: dict, count: int, total, backends: dict) -> None:
     verb = "removed" if args.apply else "would remove"
     for owner, items in groups.items():
         print(f"{owner}: {verb} {len(items)}")
+        for item in items:
+            print(f"  - {item}")
+    for owner, items in total.would.items():
+        print(f"{' '.join(owner).strip()}: would remove {len(items)} (its network is in observe mode: nothing removed)")
         for item in items:
             print(f"  - {item}")
     for err in total.errors:
@@ -417,6 +439,11 @@ def cmd_doctor(args) -> int:
         findings += [doctor.check_order(n), doctor.check_capability(n), doctor.check_ipam_dir(n, c.conf)]
         findings += doctor.check_plugins(n, cni_path)
         findings += [doctor.check_state_dir(n.name, c.conf.stateDir), doctor.check_log_file(n.name, c.conf.logFile)]
+    for c in contexts:
+        if c.network and c.network not in by_name:  # a wrapped network: its settings file
+            findings += [doctor.check_state_dir(c.network, c.conf.stateDir),
+                         doctor.check_log_file(c.network, c.conf.logFile)]
+        findings.append(doctor.check_mode(c.network or "(defaults)", c.conf.mode, c.source))
     findings += _doctor_records(contexts)
     findings += doctor.check_iptables(contexts[0].conf.backend)
     findings.append(doctor.check_nftables())

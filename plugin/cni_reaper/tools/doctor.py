@@ -453,3 +453,11 @@ def check_wrap(cni_path: list[str], nomad: tuple[list[str], str] | None) -> list
                                f"{':'.join(nomad[0])}: the wrapper directory {d} is not first",
                                f'set cni_path = "{d}:{":".join(x for x in nomad[0] if x != d)}" in the client block'))
     return out
+
+
+def check_mode(network: str, mode: str, source: str | None) -> Finding:
+    if mode == "observe":
+        return Finding(WARN, "mode", network, "observe mode: dead attachments are judged and logged (\"would remove\"), "
+                       "nothing is removed", f'set "mode": "clean" in {source or "the settings"} once the log shows only '
+                       "what should go", source or "")
+    return Finding(OK, "mode", network, "clean mode: dead attachments' leftovers are removed", source=source or "")

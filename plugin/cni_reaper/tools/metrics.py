@@ -24,19 +24,25 @@ def _num(v: float) -> str:
     return repr(float(v)) if isinstance(v, float) else str(v)
 
 
+def _add_flat(into: dict[str, int], more: dict[str, int]) -> None:
+    for k, n in more.items():
+        into[k] = into.get(k, 0) + n
+
+
+def _add_nested(into: dict[str, dict[str, int]], more: dict[str, dict[str, int]]) -> None:
+    for network, kinds in more.items():
+        _add_flat(into.setdefault(network, {}), kinds)
+
+
 def merge(all_counters: list[dict]) -> dict:
     """The counters of several state directories as one (networks that share none are simply side by side)."""
     out = empty()
     out["since"] = min((c["since"] for c in all_counters), default=out["since"])
     for c in all_counters:
-        for network, n in c["attachments"].items():
-            out["attachments"][network] = out["attachments"].get(network, 0) + n
-        for network, kinds in c["removed"].items():
-            per = out["removed"].setdefault(network, {})
-            for kind, n in kinds.items():
-                per[kind] = per.get(kind, 0) + n
-        for network, n in c["failures"].items():
-            out["failures"][network] = out["failures"].get(network, 0) + n
+        _add_flat(out["attachments"], c["attachments"])
+        _add_nested(out["removed"], c["removed"])
+        _add_flat(out["failures"], c["failures"])
+        _add_nested(out["wouldRemove"], c.get("wouldRemove", {}))
         out["errors"] += c["errors"]
         for verb, s in c["sweeps"].items():
             o = out["sweeps"].setdefault(verb, {"count": 0, "sum": 0.0, "buckets": [0] * len(BUCKETS)})
@@ -60,7 +66,7 @@ def exposition(counters: dict, records: dict[tuple[str, str], int], networks: li
         for suffix, labels, value in samples:
             lines.append(f"{name}{suffix}{_labels(**labels)} {_num(value)}")
 
-    shown = sorted(set(networks) | set(counters["attachments"]) | set(counters["removed"])
+    shown = sorted(set(networks) | set(counters["attachments"]) | set(counters["removed"]) | set(counters["wouldRemove"])
                    | set(counters["failures"]) | {n for n, _ in records})
     family("cni_reaper_attachments_cleaned_total", "counter",
            "Dead attachments whose leftovers cni-reaper removed (their records dropped).",
@@ -69,6 +75,10 @@ def exposition(counters: dict, records: dict[tuple[str, str], int], networks: li
            "Leftovers removed, by kind: iptables rules and chains (masquerade, dnat, firewall), rules in the "
            "plugins' native nftables tables, host-local reservations, conntrack entries.",
            [("", {"network": n, "kind": k}, counters["removed"].get(n, {}).get(k, 0)) for n in shown for k in KINDS])
+    family("cni_reaper_would_remove_total", "counter",
+           "Observe mode: leftovers cni-reaper would have removed (once per attachment and change), by kind.",
+           [("", {"network": n, "kind": k}, counters.get("wouldRemove", {}).get(n, {}).get(k, 0)) for n in shown
+            for k in KINDS if n in counters.get("wouldRemove", {})])
     family("cni_reaper_cleanup_failures_total", "counter",
            "Clean-ups of an attachment that left something behind (its record is kept and retried).",
            [("", {"network": n}, counters["failures"].get(n, 0)) for n in shown])
