@@ -38,7 +38,9 @@ def _libpython():
     for line in open("/proc/self/maps"):
         parts = line.split()
         if len(parts) >= 6 and os.path.basename(parts[5]).startswith("libpython3") and int(parts[2], 16) == 0:
-            return parts[5], int(parts[0].split("-")[0], 16)
+            # under PRoot the map names the file by its path outside the root: read the bundle's own copy
+            path = os.path.join(os.path.dirname(sys.executable), "cni-reaper.lib", os.path.basename(parts[5]))
+            return path, int(parts[0].split("-")[0], 16)
     raise SystemExit("libpython is not mapped")
 
 
