@@ -64,12 +64,17 @@ SOURCES = ["plugin", "build/cni-reaper.spec", "build/entry.py", "build/requireme
 VENV_SCRIPT = r"""
 rm -rf /build/venv-[0-9a-f]* /build/pyinstaller  # earlier build environments go with the one being made
 python3 -m venv @VENV@
+# the pinned pip, setuptools and wheel first, so that what is built from source below is built with them
+# (--no-build-isolation: no build environment of unpinned packages; under emulation each costs minutes)
+grep -E '^(pip|setuptools|wheel)==' /build/src/build/requirements-bundle.txt > /build/base-requirements.txt
+@VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir -r /build/base-requirements.txt
 # -g0: python-iptables' C extension is compiled from its sdist in a temp directory of a random name, which
 # debug info would record (and the linker's build ID with it): without it the extension is the same each time
-CFLAGS="-O2 -g0" @VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir \
+CFLAGS="-O2 -g0" @VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-build-isolation \
   -r /build/src/build/requirements-bundle.txt
 mkdir -p /build/pyinstaller && cd /build/pyinstaller
-@VENV@/bin/pip download -q --disable-pip-version-check --no-deps --no-binary :all: pyinstaller==@VERSION@
+@VENV@/bin/pip download -q --disable-pip-version-check --no-deps --no-build-isolation --no-binary :all: \
+  pyinstaller==@VERSION@
 echo "@SHA@  pyinstaller-@VERSION@.tar.gz" | sha256sum -c - >/dev/null
 tar xzf pyinstaller-@VERSION@.tar.gz
 cd pyinstaller-@VERSION@
