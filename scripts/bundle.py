@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import fcntl
 import hashlib
 import json
 import os
@@ -62,7 +63,7 @@ SOURCES = ["plugin", "build/cni-reaper.spec", "build/entry.py", "build/requireme
 # Made once per content (the venv's name is a hash of this script and the requirements): the build
 # requirements, and PyInstaller from its pinned source with the two patches described at the top.
 VENV_SCRIPT = r"""
-rm -rf /build/venv-[0-9a-f]* /build/pyinstaller  # earlier build environments go with the one being made
+rm -rf /build/venv-[0-9a-f]*  # earlier build environments go with the one being made
 python3 -m venv @VENV@
 # the pinned pip, setuptools and wheel first, so that what is built from source below is built with them
 # (--no-build-isolation: no build environment of unpinned packages; under emulation each costs minutes)
@@ -72,9 +73,7 @@ grep -E '^(pip|setuptools|wheel)==' /build/src/build/requirements-bundle.txt > /
 # debug info would record (and the linker's build ID with it): without it the extension is the same each time
 CFLAGS="-O2 -g0" @VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-build-isolation \
   -r /build/src/build/requirements-bundle.txt
-mkdir -p /build/pyinstaller && cd /build/pyinstaller
-@VENV@/bin/pip download -q --disable-pip-version-check --no-deps --no-build-isolation --no-binary :all: \
-  pyinstaller==@VERSION@
+cd /build/pyinstaller  # its source distribution, downloaded by the build machine's pip (see sdist())
 echo "@SHA@  pyinstaller-@VERSION@.tar.gz" | sha256sum -c - >/dev/null
 tar xzf pyinstaller-@VERSION@.tar.gz
 cd pyinstaller-@VERSION@
@@ -197,6 +196,29 @@ def in_root(root: Path, script: str, env: dict[str, str] | None = None, arch: st
     run(["unshare", "--mount", "--propagation", "private", "sh", "-c", outer, "sh", *inner])
 
 
+def sdist() -> Path:
+    """PyInstaller's pinned source distribution, checked against its SHA-256, downloaded once with the build
+    machine's own pip for every architecture (pip prepares an sdist's metadata before it keeps the file:
+    two minutes under emulation, half a minute here)."""
+    version, sha = PYINSTALLER
+    out = WORK / "downloads" / f"pyinstaller-{version}.tar.gz"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:  # release.sh builds the architectures side by side
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists() or hashlib.sha256(out.read_bytes()).hexdigest() != sha:
+            tmp = out.parent / "tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                 "--no-binary", ":all:", "-d", str(tmp), f"pyinstaller=={version}"])
+            got = tmp / out.name
+            if hashlib.sha256(got.read_bytes()).hexdigest() != sha:
+                raise SystemExit(f"bundle: {got.name} does not have the pinned SHA-256 {sha}")
+            got.rename(out)
+            shutil.rmtree(tmp)
+    return out
+
+
 def prepare(arch: str = HOST_ARCH) -> tuple[Path, str]:
     """The build root with the sources copied in and the build virtualenv made: (root, venv path inside)."""
     root = rootfs(arch)
@@ -220,6 +242,9 @@ def prepare(arch: str = HOST_ARCH) -> tuple[Path, str]:
     if not (root / venv.lstrip("/") / ".complete").exists():
         say(f"{arch}: virtualenv with the build requirements and PyInstaller {version} from source (once)")
         t0 = time.monotonic()
+        shutil.rmtree(build_dir / "pyinstaller", ignore_errors=True)
+        (build_dir / "pyinstaller").mkdir(parents=True)
+        shutil.copy(sdist(), build_dir / "pyinstaller")
         in_root(root, setup.replace("@VENV@", venv), arch=arch)
         say(f"{arch}: virtualenv made in {time.monotonic() - t0:.0f} s")
     return root, venv
