@@ -122,16 +122,15 @@ def _no_statx() -> None:
         raise OSError(ctypes.get_errno(), "seccomp filter")
 
 
-def foreign(root: Path, arch: str, argv: list[str], outer: str = "") -> list[str]:
-    """argv (a command line inside `root`) run under PRoot, which runs each program, and each program those
-    start, with qemu-user (`proot -q`): emulation per process, nothing registered with the kernel. `outer`:
-    shell commands first, outside PRoot but in the same private mount namespace."""
+def foreign(root: Path, arch: str, argv: list[str]) -> list[str]:
+    """argv (a command line inside `root`) run in a private mount namespace under PRoot, which runs each
+    program, and each program those start, with qemu-user (`proot -q`): emulation per process, nothing
+    registered with the kernel. Run it with preexec_fn=_no_statx."""
     need_tool("proot", "proot")
     need_tool(QEMU[arch], "qemu-user-static")
     inner = " ".join(f"'{a}'" for a in ["proot", "-q", QEMU[arch], "-r", str(root), "-b", "/proc", "-b", "/dev",
                                         "-b", "/sys", "-w", "/"])
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            f'{outer + " && " if outer else ""}exec {inner} "$@"', "sh", *argv]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'exec {inner} "$@"', "sh", *argv]
 
 
 def run_foreign(root: Path, arch: str, argv: list[str], **kw) -> subprocess.CompletedProcess:

@@ -10,7 +10,8 @@ or not. So both are read here, and both are changed:
   dynamic linker takes the library's oldest version of the symbol (exp@GLIBC_2.2.5 on x86_64,
   exp@GLIBC_2.17 on aarch64), the one binaries linked before glibc 2.29 use.
 - It then unlinks the .gnu.version_r entries no symbol refers to any more (patchelf leaves them: with
-  GLIBC_2.29 still listed for libm.so.6 the file would not load on glibc 2.28).
+  GLIBC_2.29 still listed for libm.so.6 the file would not load on glibc 2.28); where that entry is the
+  only one for its library, it names the base version instead (GLIBC_2.2.5 / GLIBC_2.17).
 
 Both edits are in place (no byte moves, so the rest of the file is untouched) and the same every time.
 ELF64 little-endian only (x86_64, aarch64); works on files of any architecture, on the build machine.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 SHT_DYNSYM, SHT_VERNEED, SHT_VERSYM = 11, 0x6FFFFFFE, 0x6FFFFFFF
 SHN_UNDEF = 0
+BASE_VERSION = {62: "GLIBC_2.2.5", 183: "GLIBC_2.17"}  # e_machine x86_64, aarch64: glibc's first version there
 
 
 class Elf:
@@ -93,6 +95,18 @@ class Elf:
         self.path.write_bytes(bytes(self.data))
 
 
+def elf_hash(name: str) -> int:
+    """The System V ELF hash, which .gnu.version_r stores beside each version name."""
+    h = 0
+    for c in name.encode():
+        h = ((h << 4) + c) & 0xFFFFFFFF
+        g = h & 0xF0000000
+        if g:
+            h ^= g >> 24
+        h &= ~g & 0xFFFFFFFF
+    return h
+
+
 def glibc(version: str) -> tuple[int, ...] | None:
     if not version.startswith("GLIBC_") or not version[6:7].isdigit():
         return None
@@ -131,7 +145,8 @@ def lower(path: Path, floor: tuple[int, ...], allowed: set[str]) -> list[str]:
             changes.append(f"{sym['name']}@{n['version']} -> {sym['name']} (unversioned)")
     still = {s["index"] for s in elf.undefined()}
     while True:  # one entry at a time: each unlinking changes the chain that is read anew
-        unused = [n for n in elf.verneed() if (v := glibc(n["version"])) and v > floor and n["index"] not in still]
+        elfver_need = elf.verneed()
+        unused = [n for n in elfver_need if (v := glibc(n["version"])) and v > floor and n["index"] not in still]
         if not unused:
             break
         n = unused[0]
@@ -139,7 +154,17 @@ def lower(path: Path, floor: tuple[int, ...], allowed: set[str]) -> list[str]:
         _h, _f, _o, _name, anext = struct.unpack_from("<IHHII", elf.data, n["aux_at"])
         ver, cnt, file_off, aux, nxt = struct.unpack_from("<HHIII", elf.data, n["need_at"])
         if cnt < 2:
-            raise SystemExit(f"elfver: {path}: {n['file']} would need no version at all; not handled")
+            # the file's only requirement of that library: it becomes the architecture's base version, which
+            # every library of glibc defines (its name is taken from another requirement of the file)
+            want = BASE_VERSION.get(struct.unpack_from("<H", elf.data, 18)[0])
+            base = next((m for m in elfver_need if m["version"] == want), None)
+            if base is None:
+                raise SystemExit(f"elfver: {path}: no base version to give {n['file']} instead of {n['version']}")
+            _bh, _bf, _bo, base_name, _bn = struct.unpack_from("<IHHII", elf.data, base["aux_at"])
+            _h, flags, other, _name, anext = struct.unpack_from("<IHHII", elf.data, n["aux_at"])
+            struct.pack_into("<IHHII", elf.data, n["aux_at"], elf_hash(base["version"]), flags, other, base_name, anext)
+            changes.append(f"version need {n['file']} {n['version']} -> {base['version']} (no symbol uses it)")
+            continue
         if n["prev_aux_at"] is None:
             aux = aux + anext
         else:
