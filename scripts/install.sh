@@ -2,6 +2,7 @@
 # Install cni-reaper on a Nomad client (as root), or into a throwaway root with --prefix.
 #
 #   scripts/install.sh [--prefix DIR] [--bundle DIR] [--conflist FILE|none] [--cni-version auto|1.0.0|1.1.0] [--force]
+#                      [--timer]
 #   scripts/install.sh [--prefix DIR] --uninstall
 #
 # Installs the one-folder bundle into /opt/cni-reaper/, links /opt/cni/bin/cni-reaper to it, copies the
@@ -9,12 +10,14 @@
 # plugins the conflist chains are present (in /opt/cni/bin or /usr/lib/cni). A shipped conflist is
 # installed in its CNI 1.1.0 form (conflist/1.1.0/) when every plugin it chains says it speaks 1.1.0 (CNI
 # VERSION; plugins 1.6 and later), so that Nomad 1.9.5+ sends STATUS; otherwise in its 1.0.0 form.
+# --timer also installs the periodic sweep, cni-reaper-sweep.timer and .service, into /etc/systemd/system,
+# not enabled (systemctl enable --now cni-reaper-sweep.timer; see README, "A periodic sweep").
 # Idempotent. What it installed is listed in /opt/cni-reaper/.manifest; --uninstall removes exactly that and
 # nothing else (not the records in /var/lib/cni/reaper, not the log).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
-prefix="" bundle="" conflist="$here/conflist/nomad-reaper.conflist" uninstall=0 force=0 cni_version=auto
+prefix="" bundle="" conflist="$here/conflist/nomad-reaper.conflist" uninstall=0 force=0 cni_version=auto timer=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix=${2%/}; shift 2 ;;
@@ -23,7 +26,8 @@ while [ $# -gt 0 ]; do
     --uninstall) uninstall=1; shift ;;
     --force) force=1; shift ;;
     --cni-version) cni_version=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --timer) timer=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -35,8 +39,44 @@ link="$bindir/cni-reaper"
 manifest="$home/.manifest"
 say() { echo "install.sh: $*"; }
 
+# --timer: the systemd units, copied (not enabled) and listed in the manifest like a conflist, so that
+# --uninstall removes them (and the directories it had to make) unless they were changed
+install_timer() {
+  local unitdir="$prefix/etc/systemd/system" unit dest made=()
+  for d in "$prefix/etc" "$prefix/etc/systemd" "$unitdir"; do
+    [ -d "$d" ] || { mkdir -p "$d"; made+=("${d#"$prefix"}"); }
+  done
+  for unit in cni-reaper-sweep.service cni-reaper-sweep.timer; do
+    dest="$unitdir/$unit"
+    if [ -f "$dest" ] && ! cmp -s "$here/conflist/systemd/$unit" "$dest" && [ "$force" != 1 ]; then
+      echo "install.sh: $dest exists with other content; use --force to replace it" >&2; exit 1
+    fi
+    install -m 0644 "$here/conflist/systemd/$unit" "$dest"
+    grep -v "^file /etc/systemd/system/$unit " "$manifest" > "$manifest.new" || true
+    mv "$manifest.new" "$manifest"
+    printf 'file %s %s\n' "/etc/systemd/system/$unit" "$(sha256sum < "$dest" | cut -d' ' -f1)" >> "$manifest"
+  done
+  for d in "${made[@]}"; do grep -qx "dir $d" "$manifest" || printf 'dir %s\n' "$d" >> "$manifest"; done
+  if [ -z "$prefix" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+  say "installed cni-reaper-sweep.timer and .service into ${prefix}/etc/systemd/system, not enabled:"
+  say "  systemctl enable --now cni-reaper-sweep.timer"
+}
+
+# before --uninstall removes the units: stop and disable the timer (an enabled timer's link in
+# timers.target.wants would be left pointing at nothing)
+uninstall_timer() {
+  grep -q '^file /etc/systemd/system/cni-reaper-sweep.timer ' "$manifest" || return 0
+  if [ -z "$prefix" ] && [ -d /run/systemd/system ]; then
+    systemctl disable --now cni-reaper-sweep.timer >/dev/null 2>&1 || true
+    systemctl stop cni-reaper-sweep.service >/dev/null 2>&1 || true
+  fi
+  local wants="$prefix/etc/systemd/system/timers.target.wants"
+  if [ -L "$wants/cni-reaper-sweep.timer" ]; then rm -f "$wants/cni-reaper-sweep.timer"; rmdir "$wants" 2>/dev/null || true; fi
+}
+
 if [ "$uninstall" = 1 ]; then
   if [ ! -f "$manifest" ]; then say "nothing to uninstall ($manifest not found)"; exit 0; fi
+  uninstall_timer
   dirs=$(grep '^dir ' "$manifest" | cut -d' ' -f2 | sort -r || true)
   while read -r kind path sum; do
     case "$kind" in
@@ -49,6 +89,7 @@ if [ "$uninstall" = 1 ]; then
   rm -rf "$home"
   say "removed /opt/cni-reaper"
   for d in $dirs; do rmdir "$prefix$d" 2>/dev/null && say "removed empty $d" || true; done
+  if [ -z "$prefix" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
   exit 0
 fi
 
@@ -129,5 +170,6 @@ if [ "$conflist" != none ]; then
   install -m 0644 "$conflist" "$dest"
   printf 'file %s %s\n' "/opt/cni/config/$(basename "$conflist")" "$(sha256sum < "$dest" | cut -d' ' -f1)" >> "$manifest"
 fi
+[ "$timer" = 1 ] && install_timer
 say "installed /opt/cni-reaper, /opt/cni/bin/cni-reaper${conflist:+ and /opt/cni/config/$(basename "$conflist")} under ${prefix:-/}"
 "$link" version

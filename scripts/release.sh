@@ -1,45 +1,69 @@
 #!/usr/bin/env bash
-# Build a release, as root, on Debian 12 (offline apart from the package registries), from a clone:
-#   dist/cni-reaper-<version>-linux-amd64.tgz   the executable cni-reaper and its support folder
+# Build a release, as root, on Debian 12 (offline apart from the package registries), from a clone, for
+# each architecture ARCH in amd64 and arm64:
+#   dist/cni-reaper-<version>-linux-ARCH.tgz    the executable cni-reaper and its support folder
 #                                               cni-reaper.lib beside it: extract it into /opt/cni/bin
-#   dist/cni-reaper-<version>-linux-amd64.tgz.sha256
-#   dist/cni-reaper_<version>_amd64.deb         the bundle in /usr/lib/cni-reaper, /opt/cni/bin/cni-reaper
+#   dist/cni-reaper-<version>-linux-ARCH.tgz.sha256
+#   dist/cni-reaper_<version>_ARCH.deb          the bundle in /usr/lib/cni-reaper, /opt/cni/bin/cni-reaper
 #                                               linking to it, conflists and Nomad examples in
-#                                               /usr/share/cni-reaper; removing it removes exactly that
-# The bundle is scripts/build.sh's (Debian 11 base, glibc 2.31). File times, owners and order are fixed to
-# the last commit's time, so that a commit builds the same tarball and package.
+#                                               /usr/share/cni-reaper, the sweep's timer and service in
+#                                               /lib/systemd/system (not enabled); removing it removes
+#                                               exactly that
+# The bundles are scripts/build.sh's (Debian 11 base of each architecture, glibc 2.28 floor); the two
+# architectures build side by side (arm64's under user-mode emulation, see scripts/bundle.py). File times,
+# owners and order are fixed to the last commit's time, so that a commit builds the same tarballs and
+# packages. CNI_REAPER_ARCHES="amd64" builds one architecture only (for development).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "release.sh: run as root (debootstrap, chroot)" >&2; exit 1; }
+arches=${CNI_REAPER_ARCHES:-amd64 arm64}
 
-scripts/build.sh
+# the tools the builds need on the machine, installed once before they start side by side (apt's lock);
+# no recommends: qemu-user-static's would register binfmt handlers with the kernel
+tools=()
+command -v debootstrap >/dev/null || tools+=(debootstrap)
+case " $arches " in *" arm64 "*)
+  command -v proot >/dev/null || tools+=(proot)
+  command -v qemu-aarch64-static >/dev/null || tools+=(qemu-user-static) ;;
+esac
+[ ${#tools[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${tools[@]}" >/dev/null
+
+pids=() failed=0
+for arch in $arches; do
+  ( set -o pipefail; scripts/build.sh --arch "$arch" 2>&1 | sed -u "s/^/[$arch] /" ) &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+[ "$failed" = 0 ] || { echo "release.sh: a build failed (see above)" >&2; exit 1; }
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' plugin/cni_reaper/__init__.py)
 epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
-name="cni-reaper-$version-linux-amd64"
 out=dist
 stamp() { find "$1" -exec touch -h -d "@$epoch" {} +; }
 
+package() {  # ARCH BUNDLE-DIR
+local arch=$1 bundle=$2 name="cni-reaper-$version-linux-$1" root
 # the tarball
-stamp dist/cni-reaper
-tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C dist/cni-reaper -cf - cni-reaper cni-reaper.lib \
+stamp "$bundle"
+tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$bundle" -cf - cni-reaper cni-reaper.lib \
   | gzip -n -9 > "$out/$name.tgz"
 (cd "$out" && sha256sum "$name.tgz" > "$name.tgz.sha256")
 
 # the Debian package
 root=$(mktemp -d) && chmod 0755 "$root"
-trap 'rm -rf "$root"' EXIT
 mkdir -p "$root/DEBIAN" "$root/usr/lib/cni-reaper" "$root/usr/share/cni-reaper/conflist/1.1.0" \
-  "$root/usr/share/cni-reaper/nomad" "$root/usr/share/doc/cni-reaper"
-cp -a dist/cni-reaper/cni-reaper dist/cni-reaper/cni-reaper.lib "$root/usr/lib/cni-reaper/"
+  "$root/usr/share/cni-reaper/nomad" "$root/usr/share/doc/cni-reaper" "$root/lib/systemd/system"
+cp -a "$bundle/cni-reaper" "$bundle/cni-reaper.lib" "$root/usr/lib/cni-reaper/"
 install -m 0644 conflist/*.conflist "$root/usr/share/cni-reaper/conflist/"
 install -m 0644 conflist/1.1.0/*.conflist "$root/usr/share/cni-reaper/conflist/1.1.0/"
 install -m 0644 conflist/nomad/*.hcl "$root/usr/share/cni-reaper/nomad/"
+# the periodic sweep: shipped, never enabled by the package (README, "A periodic sweep")
+install -m 0644 conflist/systemd/cni-reaper-sweep.service conflist/systemd/cni-reaper-sweep.timer "$root/lib/systemd/system/"
 install -m 0644 README.md "$root/usr/share/doc/cni-reaper/README.md"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 cat > "$root/DEBIAN/control" <<CONTROL
 Package: cni-reaper
 Version: $version
-Architecture: amd64
+Architecture: $arch
 Maintainer: cni-reaper developers <cni-reaper@users.noreply.github.com>
 Installed-Size: $size
 Recommends: iptables
@@ -51,7 +75,8 @@ Description: chained CNI plugin that removes what dead container networks leave 
  removes the netfilter rules, host-local IP reservations and conntrack entries of
  attachments whose network namespace is gone. Self-contained: needs no Python.
  The plugin is /opt/cni/bin/cni-reaper; conflists and Nomad examples are in
- /usr/share/cni-reaper. Records (/var/lib/cni/reaper) and logs stay when it is removed.
+ /usr/share/cni-reaper. cni-reaper-sweep.timer (not enabled) sweeps every 5 minutes
+ once enabled. Records (/var/lib/cni/reaper) and logs stay when it is removed.
 CONTROL
 # /opt/cni/bin/cni-reaper is made by the maintainer scripts, not shipped: dpkg removes the directories a
 # package shipped when they are empty on removal, and /opt belongs to no package (base-files makes it), so a
@@ -73,12 +98,20 @@ if [ "$1" = configure ]; then
     echo "cni-reaper: $link is not a link (installed by hand or by scripts/install.sh?); left as it is." >&2
     echo "cni-reaper: remove it and run 'dpkg-reconfigure cni-reaper' to use this package's build" >&2
   fi
+  # the timer is installed, not enabled: systemctl enable --now cni-reaper-sweep.timer
+  if [ -d /run/systemd/system ]; then systemctl --system daemon-reload >/dev/null 2>&1 || true; fi
 fi
 POSTINST
 cat > "$root/DEBIAN/prerm" <<'PRERM'
 #!/bin/sh
 set -e
 if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
+  # the timer, if the operator enabled it: stopped, and its link in timers.target.wants removed with the unit
+  if [ -d /run/systemd/system ]; then
+    systemctl stop cni-reaper-sweep.timer cni-reaper-sweep.service >/dev/null 2>&1 || true
+  fi
+  wants=/etc/systemd/system/timers.target.wants/cni-reaper-sweep.timer
+  if [ -L "$wants" ]; then rm -f "$wants"; fi
   link=/opt/cni/bin/cni-reaper
   if [ "$(readlink "$link" 2>/dev/null)" = /usr/lib/cni-reaper/cni-reaper ]; then rm -f "$link"; fi
   if [ -f /usr/lib/cni-reaper/.made-dirs ]; then
@@ -87,7 +120,18 @@ if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
   fi
 fi
 PRERM
-chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm"
+cat > "$root/DEBIAN/postrm" <<'POSTRM'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then systemctl --system daemon-reload >/dev/null 2>&1 || true; fi
+POSTRM
+chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
 stamp "$root"
-SOURCE_DATE_EPOCH=$epoch dpkg-deb --root-owner-group -Zxz --build "$root" "$out/cni-reaper_${version}_amd64.deb" >/dev/null
-echo "release.sh: $out/$name.tgz ($(cut -d' ' -f1 "$out/$name.tgz.sha256")), $out/cni-reaper_${version}_amd64.deb"
+SOURCE_DATE_EPOCH=$epoch dpkg-deb --root-owner-group -Zxz --build "$root" "$out/cni-reaper_${version}_$arch.deb" >/dev/null
+rm -rf "$root"
+echo "release.sh: $out/$name.tgz ($(cut -d' ' -f1 "$out/$name.tgz.sha256")), $out/cni-reaper_${version}_$arch.deb ($(sha256sum < "$out/cni-reaper_${version}_$arch.deb" | cut -d' ' -f1))"
+}
+
+for arch in $arches; do
+  if [ "$arch" = amd64 ]; then package amd64 dist/cni-reaper; else package "$arch" "dist/$arch/cni-reaper"; fi
+done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything cni-reaper's build, demo and tests need on a Debian 12 machine, as root:
 # the reference CNI plugins, iptables (both flavours), Go and go-cni (to build the test runtime driver),
+# qemu-user-static and PRoot (the arm64 build and its tests), systemd's tools (systemd-analyze verify),
 # and a virtualenv at .venv with the package and its build/test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,15 +12,23 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 APT_PACKAGES=(iptables nftables conntrack iproute2 procps containernetworking-plugins golang-go
-  golang-github-containerd-go-cni-dev python3 python3-venv python3-dev gcc debootstrap strace binutils)
+  golang-github-containerd-go-cni-dev python3 python3-venv python3-dev gcc debootstrap strace binutils systemd)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup.sh: installing ${missing[*]}"
+# the arm64 release is built and tested under user-mode emulation, per process (qemu-user through PRoot):
+# without recommends, since qemu-user-static's (binfmt-support) would register handlers with the kernel
+NO_RECOMMENDS=(qemu-user-static proot)
+quiet=()
+for p in "${NO_RECOMMENDS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || quiet+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ] || [ ${#quiet[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]} ${quiet[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ ${#missing[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ ${#quiet[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${quiet[@]}" >/dev/null
 fi
 
 PYTHON=${PYTHON:-python3}

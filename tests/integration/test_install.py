@@ -47,6 +47,36 @@ def test_install_is_idempotent_and_uninstall_removes_only_what_it_installed(tmp_
     assert tree(root) == before
 
 
+def test_install_with_timer_ships_the_units_not_enabled_and_uninstall_takes_them_back(tmp_path):
+    """--timer copies the sweep's timer and service into /etc/systemd/system (listed in the manifest), enables
+    nothing; --uninstall removes them, an operator's `systemctl enable` link with them, and only the
+    directories it made."""
+    bundle = binary_exe()
+    root = tmp_path / "root"
+    (root / "opt" / "cni" / "bin").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "etc" / "hostname").write_text("client\n")
+    before = tree(root)
+    args = ["--prefix", str(root), "--bundle", os.path.dirname(bundle), "--timer"]
+    out = run(*args).stdout
+    assert "systemctl enable --now cni-reaper-sweep.timer" in out
+    first = tree(root)
+    run(*args)
+    assert tree(root) == first, "a second install changed the tree"
+    units = root / "etc" / "systemd" / "system"
+    for name in ("cni-reaper-sweep.service", "cni-reaper-sweep.timer"):
+        assert (units / name).read_bytes() == (REPO / "conflist" / "systemd" / name).read_bytes()
+    assert not [p for p in first if ".wants" in p], "the timer was enabled"
+    manifest = (root / "opt" / "cni-reaper" / ".manifest").read_text()
+    assert "file /etc/systemd/system/cni-reaper-sweep.timer " in manifest
+    run(*args[:-1])  # a later install without --timer keeps the units it installed before, and their entries
+    assert "file /etc/systemd/system/cni-reaper-sweep.timer " in (root / "opt" / "cni-reaper" / ".manifest").read_text()
+    (units / "timers.target.wants").mkdir()
+    (units / "timers.target.wants" / "cni-reaper-sweep.timer").symlink_to("../cni-reaper-sweep.timer")  # enabled
+    run("--prefix", str(root), "--uninstall")
+    assert tree(root) == before
+
+
 def test_install_refuses_when_a_chained_plugin_is_missing(tmp_path):
     conf = json.loads((REPO / "conflist" / "nomad-reaper.conflist").read_text())
     conf["plugins"].insert(1, {"type": "no-such-plugin"})
