@@ -16,6 +16,7 @@ import math
 import random
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 # Python 3.9 (the bundle's), standard library only, no f-string = specifiers beyond 3.6
@@ -116,7 +117,7 @@ def encode(cs: list[tuple]) -> str:
     return json.dumps([[c[0], *(float(a).hex() for a in c[1:])] for c in cs])
 
 
-FUNCS = {"exp": math.exp, "log": math.log, "log2": math.log2, "pow": math.pow, "**": lambda x, y: x ** y,
+FUNCS: dict[str, Callable[..., float]] = {"exp": math.exp, "log": math.log, "log2": math.log2, "pow": math.pow, "**": lambda x, y: x ** y,
          "logb": math.log}
 
 
