@@ -59,10 +59,10 @@ def exists(cache_dir: str, network: str, container_id: str, ifname: str) -> bool
 class Entry:
     """One cached attachment, as far as cni-reaper reads it."""
 
-    __slots__ = ("container_id", "doc", "ifname", "ips", "mtime", "name", "netns", "network", "veths")
+    __slots__ = ("container_id", "doc", "ifname", "ips", "mtime", "name", "netns", "network", "text", "veths")
 
-    def __init__(self, name: str, doc: dict[str, Any], mtime: int) -> None:
-        self.name, self.doc, self.mtime = name, doc, mtime
+    def __init__(self, name: str, doc: dict[str, Any], mtime: int, text: str = "") -> None:
+        self.name, self.doc, self.mtime, self.text = name, doc, mtime, text
         self.network = _str(doc.get("networkName"))
         self.container_id = _str(doc.get("containerId"))
         self.ifname = _str(doc.get("ifName"))
@@ -121,7 +121,7 @@ def _read(dir_fd: int, name: str) -> Entry | None:
         doc = jsonio.loads(data)
     except (ValueError, RecursionError, UnicodeDecodeError):
         return None
-    return Entry(name, doc, st.st_mtime_ns) if isinstance(doc, dict) else None
+    return Entry(name, doc, st.st_mtime_ns, data.decode("utf-8", "surrogateescape")) if isinstance(doc, dict) else None
 
 
 def entries(cache_dir: str, network: str, container_id: str) -> list[Entry] | None:
@@ -140,24 +140,30 @@ def entries(cache_dir: str, network: str, container_id: str) -> list[Entry] | No
     return [e for e in found if e is not None and e.network == network and e.container_id == container_id]
 
 
-def forget_addresses(cache_dir: str, network: str, container_id: str, ifname: str, released: set[str]) -> list[str] | None:
+def forget_addresses(cache_dir: str, network: str, container_id: str, ifname: str, released: set[str],
+                     note: Any = None) -> list[str] | None:
     """Take the `released` addresses out of the cached result of this attachment (any ifname when "") and
     write it back atomically; returns the entries changed, or None when an entry names one of them and
     could not be rewritten. A later DEL of the dead attachment then hands the plugins no address that
     another attachment may hold by then (the firewall plugin deletes the CNI-FORWARD rules of every address
-    in prevResult)."""
+    in prevResult). `note(entries)`, when given, gets (entry name, its content as it was) of each entry about
+    to be rewritten first (the journal); an OSError from it stops the rewrite."""
     changed: list[str] = []
-    found = entries(cache_dir, network, container_id)
+    found = [e for e in entries(cache_dir, network, container_id) or []
+             if not (ifname and e.ifname != ifname) and released & set(e.ips)]
     if not found:
         return changed
+    if note is not None:
+        try:
+            note([(e.name, e.text) for e in found])
+        except OSError:
+            return None
     try:
         dfd = os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         for e in found:
-            if (ifname and e.ifname != ifname) or not released & set(e.ips):
-                continue
             if not _rewrite(dfd, e, released):
                 return None
             changed.append(e.name)

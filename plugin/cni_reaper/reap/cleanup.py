@@ -19,10 +19,11 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.reap.netfilter.domain import Domain
+    from cni_reaper.state.journal import Journal
 
 from cni_reaper import log
 from cni_reaper.reap.claims import Claims
-from cni_reaper.reap.hostlocal import NetworkDir, locked_dirs, networks_in
+from cni_reaper.reap.hostlocal import NetworkDir, Reservation, locked_dirs, networks_in
 from cni_reaper.reap.outcome import Outcome
 from cni_reaper.reap.targets import NETFILTER_PARTS, Target
 
@@ -33,9 +34,20 @@ class Settings:
     """What a clean-up needs to know beyond its targets: every data dir where reservations may be (for the
     claims), the lock timeout, and the test hook for backends."""
 
-    def __init__(self, data_dirs: list[str], lock_timeout: float, backend_for: Any = None, dry_run: bool = False) -> None:
+    def __init__(self, data_dirs: list[str], lock_timeout: float, backend_for: Any = None, dry_run: bool = False,
+                 journal: Journal | None = None, verb: str = "") -> None:
         self.data_dirs = list(dict.fromkeys(data_dirs))
         self.lock_timeout, self.backend_for, self.dry_run = lock_timeout, backend_for, dry_run
+        self.journal, self.verb = journal, verb
+
+    def note(self, items: list[dict[str, Any]]) -> str | None:
+        """Journal what is about to be removed, before it is (None: no journal, e.g. a dry run). OSError when
+        it cannot be noted: then it may not be removed."""
+        return self.journal.intent(self.verb, items) if self.journal is not None and items else None
+
+    def noted(self, event: str | None, removed: list[int]) -> None:
+        if self.journal is not None and event is not None:
+            self.journal.done(event, removed)
 
 
 def clean(targets: list[Target], holders: dict[tuple[str, str, str], set[str]], settings: Settings) -> Outcome:
@@ -55,8 +67,8 @@ def clean(targets: list[Target], holders: dict[tuple[str, str, str], set[str]], 
                 claims = Claims(targets, holders, [*dirs.values(), *others])
                 narrowed, protected = _narrow(targets, claims, outcome)
                 _clean_netfilter(narrowed, protected, settings, outcome)
-                _clear_conntrack(narrowed, protected, outcome, settings.dry_run)
-                _release(narrowed, claims, dirs, outcome, settings.dry_run)
+                _clear_conntrack(narrowed, protected, outcome, settings)
+                _release(narrowed, claims, dirs, outcome, settings)
             finally:
                 for d in others:
                     d.close()
@@ -106,24 +118,36 @@ def _clean_netfilter(targets: list[Target], protected: dict, settings: Settings,
     for domain in domains(wanted, protected, outcome.errors, outcome.failed, settings.backend_for):
         if domain.label.startswith("ipv"):
             outcome.backends[int(domain.label[3:])] = domain.backend_name
-        _clean_domain(domain, outcome, settings.dry_run)
+        _clean_domain(domain, outcome, settings)
 
 
 def _owners(domain: Domain) -> dict[tuple[str, str], tuple[str, str, str]]:
     return {(t.network, t.container_id): t.key for t in domain.targets}
 
 
-def _clean_domain(domain: Domain, outcome: Outcome, dry_run: bool) -> None:
+def _journaled(domain: Domain, snapshot: Any, ops: list[Any], settings: Settings) -> str | None:
+    """Journal the ops (each item with the key of the attachment it was left by), then apply them."""
+    owners = _owners(domain)
+    items = [dict(item, key=list(owners[op.owner])) for item, op in zip(domain.journal(snapshot, ops), ops)]
+    event = settings.note(items)
+    domain.apply(ops)
+    settings.noted(event, list(range(len(items))))
+    return event
+
+
+def _clean_domain(domain: Domain, outcome: Outcome, settings: Settings) -> None:
     """Read, plan, apply in one transaction; on failure (a concurrent writer changed the tables) read, plan and
-    try again; then one operation at a time. A held xtables lock stops at once: a later call will retry."""
+    try again; then one operation at a time. A held xtables lock stops at once: a later call will retry.
+    What is applied is journaled first (state/journal.py)."""
     from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
 
     owners = _owners(domain)
     for _attempt in range(APPLY_ATTEMPTS):
         try:
-            p = domain.plan(domain.read())  # the plan keeps what it needs of the tables, not the tables
-            if p.ops and not dry_run:
-                domain.apply(p.ops)
+            snapshot = domain.read()
+            p = domain.plan(snapshot)
+            if p.ops and not settings.dry_run:
+                _journaled(domain, snapshot, p.ops, settings)
             for op in p.ops:
                 outcome.note(owners[op.owner], f"{domain.label} {op.table} {op.chain}: {op.what}", domain.kinds[op.part])
             outcome.skipped += p.skipped
@@ -132,19 +156,24 @@ def _clean_domain(domain: Domain, outcome: Outcome, dry_run: bool) -> None:
             outcome.errors.append(f"{domain.label}: {exc}")
             outcome.failed |= set(owners.values())
             return
+        except OSError as exc:  # the journal cannot be written: nothing is removed
+            outcome.errors.append(f"{domain.label}: the journal cannot be written ({exc.strerror}); nothing removed")
+            outcome.failed |= set(owners.values())
+            return
         except BackendError:
             continue
-    _apply_one_by_one(domain, outcome)
+    _apply_one_by_one(domain, outcome, settings)
 
 
-def _apply_one_by_one(domain: Domain, outcome: Outcome) -> None:
+def _apply_one_by_one(domain: Domain, outcome: Outcome, settings: Settings) -> None:
     """The transaction kept failing: apply each operation alone so that one stubborn rule does not keep the
     rest. Whatever fails is logged and the owner's record is kept for a later retry."""
     from cni_reaper.reap.netfilter.interface import BackendError
 
     owners = _owners(domain)
     try:
-        p = domain.plan(domain.read())
+        snapshot = domain.read()
+        p = domain.plan(snapshot)
     except BackendError as exc:
         outcome.errors.append(f"{domain.label}: {exc}")
         outcome.failed |= set(owners.values())
@@ -152,18 +181,19 @@ def _apply_one_by_one(domain: Domain, outcome: Outcome) -> None:
     for op in p.ops:
         owner = owners[op.owner]
         try:
-            domain.apply([op])
+            _journaled(domain, snapshot, [op], settings)
             outcome.note(owner, f"{domain.label} {op.table} {op.chain}: {op.what}", domain.kinds[op.part])
-        except BackendError as exc:
+        except (BackendError, OSError) as exc:
             outcome.errors.append(f"{domain.label} {op.table} {op.chain} ({op.what}): {exc}")
             outcome.failed.add(owner)
     outcome.skipped += p.skipped
 
 
 # -- conntrack and reservations ------------------------------------------------------------------------
-def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, dry_run: bool) -> None:
+def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, settings: Settings) -> None:
     """Once a dead attachment's rules are gone: the conntrack entries whose reply source or original
-    destination is one of its dead addresses, never for an address someone else holds (protected)."""
+    destination is one of its dead addresses, never for an address someone else holds (protected). They
+    cannot be put back: the journal says they were cleared."""
     from cni_reaper.reap import conntrack
 
     owner_of: dict[str, tuple[str, str, str]] = {}
@@ -174,17 +204,22 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, d
     if not owner_of:
         return
     try:
-        counts = conntrack.count(set(owner_of)) if dry_run else conntrack.clear(set(owner_of))
+        counts = conntrack.count(set(owner_of)) if settings.dry_run else conntrack.clear(set(owner_of))
     except conntrack.ConntrackError as exc:
         if exc.errno not in conntrack.UNAVAILABLE:
             outcome.errors.append(f"conntrack: {exc}")  # the entries expire in time; the records are not kept
         return
+    items = [{"kind": "conntrack", "key": list(owner_of[ip]), "ip": ip, "entries": n} for ip, n in sorted(counts.items())]
+    try:
+        settings.noted(settings.note(items), list(range(len(items))))
+    except OSError:
+        pass  # cleared already: nothing to put back, and the entries are counted below all the same
     for ip, n in sorted(counts.items()):
         outcome.note(owner_of[ip], f"conntrack: {n} entr{'y' if n == 1 else 'ies'} of {ip}", "conntrack", n)
 
 
 def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome,
-             dry_run: bool) -> None:
+             settings: Settings) -> None:
     """Per dead address that no other life of its container holds: libcni's cached result of the attachment
     forgets it, then its own reservation (if there is one still) is removed. A later DEL of the dead
     attachment (the runtime's, or libcni 1.3's GC) would otherwise hand the address to the firewall plugin,
@@ -193,27 +228,53 @@ def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], 
     for t in targets:
         if "reservation" not in t.parts or t.key in outcome.failed or not t.dead_ips:
             continue
-        if not dry_run and not _forget(t, outcome):
+        if not settings.dry_run and not _forget(t, outcome, settings):
             continue
         for ip in sorted(t.dead_ips):
             _verify_dir(t, ip, dirs, outcome)
             for r in claims.releasable(t, ip):
-                d = dirs.get((r.data_dir, r.network))
-                if dry_run or (d is not None and d.release(r)):
+                if settings.dry_run or _release_one(t, r, dirs, settings, outcome):
                     outcome.note(t.key, f"host-local reservation {r.network}/{ip}", "reservation")
 
 
-def _forget(t: Target, outcome: Outcome) -> bool:
+def _release_one(t: Target, r: Reservation, dirs: dict[tuple[str, str], NetworkDir], settings: Settings,
+                 outcome: Outcome) -> bool:
+    d = dirs.get((r.data_dir, r.network))
+    if d is None:
+        return False
+    item = {"kind": "reservation", "key": list(t.key), "dataDir": r.data_dir, "network": r.network, "ip": r.ip,
+            "content": r.content, "mode": r.mode}
+    try:
+        event = settings.note([item])
+    except OSError as exc:
+        outcome.errors.append(f"the journal cannot be written ({exc.strerror}); reservation {r.ip} kept")
+        outcome.failed.add(t.key)
+        return False
+    released = d.release(r)
+    settings.noted(event, [0] if released else [])
+    return released
+
+
+def _forget(t: Target, outcome: Outcome, settings: Settings) -> bool:
     from cni_reaper.reap import cache
 
     if not t.cache_dir:
         return True
-    changed = cache.forget_addresses(t.cache_dir, t.network, t.container_id, t.ifname, set(t.dead_ips))
+
+    def journal(found: list[tuple[str, str]]) -> None:
+        event = settings.note([{"kind": "cache", "key": list(t.key), "cacheDir": t.cache_dir, "entry": name,
+                                "content": text} for name, text in found])
+        forgotten.append((event, len(found)))
+
+    forgotten: list[tuple[str | None, int]] = []
+    changed = cache.forget_addresses(t.cache_dir, t.network, t.container_id, t.ifname, set(t.dead_ips), journal)
     if changed is None:
         outcome.errors.append(f"libcni's cache entry of {t.container_id} names a dead address and cannot be rewritten; "
                               "its reservations are kept")
         outcome.failed.add(t.key)
         return False
+    for event, n in forgotten:
+        settings.noted(event, list(range(n)))
     for name in changed:
         log.info("libcni's cached result no longer names the dead addresses", entry=name, addresses=sorted(t.dead_ips))
     return True

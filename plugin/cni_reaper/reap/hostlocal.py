@@ -25,10 +25,12 @@ LOCK_NAME = "lock"
 
 
 class Reservation:
-    __slots__ = ("data_dir", "ident", "ip", "network", "owner")
+    __slots__ = ("content", "data_dir", "ident", "ip", "mode", "network", "owner")
 
-    def __init__(self, data_dir: str, network: str, ip: str, owner: tuple[str, str], ident: tuple[int, int, int]) -> None:
+    def __init__(self, data_dir: str, network: str, ip: str, owner: tuple[str, str], ident: tuple[int, int, int],
+                 content: str = "", mode: int = 0o600) -> None:
         self.data_dir, self.network, self.ip, self.owner, self.ident = data_dir, network, ip, owner, ident
+        self.content, self.mode = content, mode
 
     def __repr__(self) -> str:
         return f"{self.data_dir}/{self.network}/{self.ip} ({self.owner[0]} {self.owner[1]})"
@@ -75,8 +77,9 @@ class NetworkDir:
         found = probes.read_reservation(self.fd, ip)
         if found is None:
             return None
-        ino, mtime, ctime = found[1]["ino"], found[1]["mtime"], found[1]["ctime"]
-        return Reservation(self.data_dir, self.network, ip, found[0], (ino, mtime, ctime))
+        f = found[1]
+        return Reservation(self.data_dir, self.network, ip, found[0], (f["ino"], f["mtime"], f["ctime"]), f["content"],
+                           f["mode"])
 
     def all(self) -> list[Reservation]:
         """Every reservation (files named by an address)."""

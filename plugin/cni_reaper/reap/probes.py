@@ -189,7 +189,7 @@ def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
 
 
 # -- host-local's reservations --------------------------------------------------------------------
-def read_reservation(dir_fd: int, ip: str) -> tuple[tuple[str, str], dict[str, int]] | None:
+def read_reservation(dir_fd: int, ip: str) -> tuple[tuple[str, str], dict[str, Any]] | None:
     """((containerID, ifname), {"dev", "ino", "mtime", "ctime"}) of the reservation file of `ip` in an open network
     directory, or None when there is none (or it is not a plain file). ifname is "" in the old format."""
     try:
@@ -207,7 +207,8 @@ def read_reservation(dir_fd: int, ip: str) -> tuple[tuple[str, str], dict[str, i
         os.close(fd)
     lines = content.replace("\r\n", "\n").split("\n")
     who = (lines[0].strip(), lines[1].strip() if len(lines) > 1 else "")
-    return who, {"dev": st.st_dev, "ino": st.st_ino, "mtime": st.st_mtime_ns, "ctime": st.st_ctime_ns}
+    return who, {"dev": st.st_dev, "ino": st.st_ino, "mtime": st.st_mtime_ns, "ctime": st.st_ctime_ns,
+                 "content": content, "mode": st.st_mode & 0o777}
 
 
 def open_network_dir(data_dir: str, network: str) -> int | None:
@@ -232,5 +233,6 @@ def find_reservation(data_dirs: list[str], network: str, ip: str, container_id: 
         finally:
             os.close(fd)
         if found is not None and found[0][0] == container_id and found[0][1] in ("", ifname):
-            return dict(found[1], dataDir=data_dir)
+            ident = {k: found[1][k] for k in ("dev", "ino", "mtime", "ctime")}
+            return dict(ident, dataDir=data_dir)
     return None

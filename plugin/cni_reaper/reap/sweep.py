@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
     from cni_reaper.state.index import Entry
+    from cni_reaper.state.journal import Journal
     from cni_reaper.state.store import Store
 
 from cni_reaper import log
@@ -259,6 +260,7 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
     from cni_reaper.reap.cleanup import Settings as CleanSettings
     from cni_reaper.reap.cleanup import clean
     from cni_reaper.reap.outcome import Outcome
+    from cni_reaper.state.journal import Journal
 
     targets = targets_of(sel)
     if not targets and not any(j.state in SWEEPABLE for j in sel.judged):
@@ -268,8 +270,9 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
     started = time.monotonic()
     watching = {n for n, m in (modes or {}).items() if m == "observe"}
     data_dirs = [*sel.data_dirs, *DEFAULT_IPAM_DIRS]
+    journal = Journal(store) if store is not None and not dry_run else None
     outcome = clean([t for t in targets if t.network not in watching], sel.holders,
-                    CleanSettings(data_dirs, conf.lockTimeout, backend_for, dry_run))
+                    CleanSettings(data_dirs, conf.lockTimeout, backend_for, dry_run, journal, log.field("verb")))
     watched = [t for t in targets if t.network in watching]
     if watched:
         seen = clean(watched, sel.holders, CleanSettings(data_dirs, conf.lockTimeout, backend_for, dry_run=True))
@@ -278,8 +281,8 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         if store is not None and not dry_run:
             report_observed(store, seen)
     outcome.unknown = dict(sel.view.blind)
-    if not dry_run and store is not None:
-        settle(store, sel, targets, outcome, time.monotonic() - started, watching)
+    if journal is not None and store is not None:
+        settle(store, sel, targets, outcome, time.monotonic() - started, watching, journal)
     return outcome
 
 
@@ -289,7 +292,7 @@ def report_observed(store: Store, seen: Outcome) -> None:
     from cni_reaper.state import counters, modes
 
     digest = modes.observed(store)
-    keys = {"\0".join(k) for k in store.entries()} if store.index is not None else set()
+    keys = {"\0".join(e.key) for e in store.entries().values()} if store.index is not None else set()
     fresh: dict[tuple[str, str], int] = {}
     for k, items in seen.removed.items():
         name, mark = "\0".join(k), "\0".join(sorted(items))
@@ -306,24 +309,30 @@ def report_observed(store: Store, seen: Outcome) -> None:
         counters.add_would(store, fresh)
 
 
-def _settle_one(store: Store, j: Judged, watching: set[str]) -> bool:
-    """Drop (True when it was a dead attachment's) or trim one record whose clean-up went through."""
+def _settle_one(store: Store, j: Judged, watching: set[str], journal: Journal) -> bool:
+    """Drop (True when it was a dead attachment's) or trim one record whose clean-up went through, the record
+    as it was journaled first (undo puts it back)."""
     k, r = j.key, j.record
     if k[0] in watching and not (j.state == DONE and not (r["deleted"] or {}).get("verify", True)):
         return False  # observe mode: nothing of it was removed
+    kept = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
+    if not (j.state in SWEEPABLE or (j.state == LIVE and len(kept) != len(r["earlier"]))):
+        return False
+    try:
+        event = journal.intent(log.field("verb"), [{"kind": "record", "key": list(k), "record": r}])
+    except OSError:
+        return False  # not noted: the record stays, and so it is looked at again
     if j.state in SWEEPABLE:
         store.remove(*k, sync=False)
         log.info("record dropped", network=k[0], containerID=k[1], ifname=k[2], state=j.state, why=j.why)
-        return True
-    if j.state == LIVE and r["earlier"]:
-        kept = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
-        if len(kept) != len(r["earlier"]):
-            store.save(dict(r, earlier=kept))
-    return False
+    else:
+        store.save(dict(r, earlier=kept))
+    journal.done(event, [0])
+    return j.state in SWEEPABLE
 
 
 def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome, seconds: float,
-           watching: set[str] | None = None) -> None:
+           watching: set[str], journal: Journal) -> None:
     """Drop the records whose leftovers are verified gone, trim the earlier lives that were cleaned, count.
     Records of networks in observe mode stay as they are (nothing of theirs was removed), but for finished DELs
     that left nothing to look at."""
@@ -331,7 +340,7 @@ def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome
 
     cleaned: dict[str, int] = {}
     for j in sel.judged:
-        dropped = j.key not in outcome.kept and _settle_one(store, j, watching or set())
+        dropped = j.key not in outcome.kept and _settle_one(store, j, watching, journal)
         if dropped and (j.state != DONE or j.key in outcome.removed):  # a DEL that went well is no dead attachment
             cleaned[j.key[0]] = cleaned.get(j.key[0], 0) + 1
     for t in sel.extra:  # attachments with no record (orphans, GC's): cleaned if something of theirs was

@@ -61,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
                   epilog="Exit codes: 0 clean, 1 error, 2 usage, 3 dry run found something, 4 --apply left something, "
                          "5 doctor found a FAIL, 6 something could not be judged (part of the host is hidden from "
                          "this process). As a CNI plugin it is run by the runtime with CNI_COMMAND set.")
-    sub = top.add_subparsers(dest="command", metavar="{list,sweep,doctor,metrics,version}", parser_class=_Parser)
+    sub = top.add_subparsers(dest="command", metavar="{list,sweep,doctor,metrics,journal,undo,version}",
+                             parser_class=_Parser)
     p = sub.add_parser("list", help="every record, and whether it is live, dead or torn down")
     _common(p)
     p = sub.add_parser("sweep", help="show (default) or remove (--apply) what dead attachments left behind")
@@ -77,6 +78,13 @@ def parser() -> argparse.ArgumentParser:
                                       f"the Nomad client's configuration in /etc/nomad.d, else {DEFAULT_CNI_PATH})")
     p.add_argument("--nomad-config", default="/etc/nomad.d", metavar="DIR", help="the Nomad agent's configuration files")
     p.add_argument("--log-file", help="overrides logFile")
+    p = sub.add_parser("journal", help="what clean-ups removed (and undo put back), from the journal")
+    _common(p)
+    p.add_argument("container_id", nargs="?", metavar="CONTAINER_ID", help="only this container's")
+    p = sub.add_parser("undo", help="put back what clean-ups removed for a container, unless something live holds it")
+    _common(p)
+    p.add_argument("container_id", metavar="CONTAINER_ID")
+    p.add_argument("--dry-run", action="store_true", help="say what would be put back and what not, change nothing")
     p = sub.add_parser("metrics", help="counters of the clean-ups and records by state, in the Prometheus text format")
     _common(p)
     p.add_argument("--textfile", metavar="DIR",
@@ -457,6 +465,96 @@ def cmd_doctor(args) -> int:
     return EXIT_DOCTOR if failed else EXIT_OK
 
 
+def cmd_journal(args) -> int:
+    from cni_reaper.state import journal
+    from cni_reaper.state.store import Store
+
+    contexts, skipped = _contexts(args)
+    rows = []
+    for state_dir in _by_state_dir(contexts):
+        if not os.path.isdir(state_dir):
+            continue
+        store = Store(state_dir).open(create=False, read_only=True)
+        try:
+            for e in journal.items(store, args.container_id):
+                rows.append({"at": e.at, "verb": e.verb, "key": e.item["key"], "kind": e.item.get("kind"),
+                             "what": _what(e.item), "removed": "yes" if e.sure else "perhaps (no done)",
+                             "undone": e.restored, "stateDir": state_dir, "item": e.item})
+        finally:
+            store.close()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    elif not rows:
+        print("the journal has nothing" + (f" of {args.container_id}" if args.container_id else ""))
+    else:
+        import time
+
+        for r in rows:
+            at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["at"]))
+            state = " (undone)" if r["undone"] else ("" if r["removed"] == "yes" else " (perhaps: the clean-up was cut)")
+            print(f"{at} {r['verb'] or '-':6} {' '.join(r['key']).strip()}: {r['what']}{state}")
+    return EXIT_ERROR if skipped else EXIT_OK
+
+
+def _what(item: dict) -> str:
+    kind = item.get("kind")
+    if kind == "iptables":
+        return f"ipv{item['family']} {item['flavour']} {item['table']} {item['chain']}: {item.get('what', '')}"
+    if kind == "nft":
+        return f"nft {item['family']} {item['table']} {item['chain']}: {item.get('what', '')}"
+    if kind == "reservation":
+        return f"host-local reservation {item['network']}/{item['ip']} ({item['dataDir']})"
+    if kind == "cache":
+        return f"libcni's cached result {item['entry']} (its addresses forgotten)"
+    if kind == "conntrack":
+        return f"conntrack: {item['entries']} entries of {item['ip']} cleared (cannot be put back)"
+    return "the record" if kind == "record" else str(kind)
+
+
+def cmd_undo(args) -> int:
+    from cni_reaper.state.store import Store
+    from cni_reaper.tools import undo
+
+    contexts, skipped = _contexts(args)
+    log.begin(contexts[0].conf.logFile if not args.dry_run else None, stderr=False, verb="undo")
+    restored, refused, lost = [], [], []
+    for state_dir, group in _by_state_dir(contexts).items():
+        if not os.path.isdir(state_dir):
+            continue
+        store = Store(state_dir, group[0].conf.lockTimeout).open(create=False)
+        try:
+            with store.locked():
+                report = undo.undo(store, args.container_id, args.dry_run, [c.conf.ipamDataDir for c in group])
+        finally:
+            store.close()
+        restored += [(e.item, what) for e, what in report.restored]
+        refused += [(e.item, why) for e, why in report.refused]
+        lost += [e.item for e in report.unrestorable] + [e.item for e, _ in report.gone]
+    for item, _ in restored:
+        log.info("put back" if not args.dry_run else "would put back", containerID=args.container_id, item=_what(item))
+    return _print_undo(args, restored, refused, lost, skipped)
+
+
+def _print_undo(args, restored: list, refused: list, lost: list, skipped: bool) -> int:
+    if args.json:
+        print(json.dumps({"dryRun": args.dry_run, "restored": [_what(i) for i, _ in restored],
+                          "refused": [{"item": _what(i), "why": why} for i, why in refused],
+                          "cannotRestore": [_what(i) for i in lost]}, indent=1))
+    else:
+        verb = "would put back" if args.dry_run else "put back"
+        for item, what in restored:
+            print(f"{verb}: {_what(item)}" + (f" ({what})" if what in ("already there", "already back") else ""))
+        for item, why in refused:
+            print(f"not put back: {_what(item)}: {why}")
+        for item in lost:
+            print(f"cannot be put back: {_what(item)}")
+        if not (restored or refused or lost):
+            print(f"nothing of {args.container_id} to put back (the journal has nothing, or it was undone)")
+    if refused or skipped:
+        return EXIT_LEFT
+    return EXIT_OK
+
+
 def _doctor_records(contexts: list[Context]) -> list:
     """doctor's checks of the records: dead ones waiting, and what cannot be judged from here, and why."""
     from cni_reaper.reap.evidence import View
@@ -482,7 +580,8 @@ def main(argv: list[str]) -> int:
         print(f"{PLUGIN_NAME} {__version__}")
         return EXIT_OK
     try:
-        return {"list": cmd_list, "sweep": cmd_sweep, "doctor": cmd_doctor, "metrics": cmd_metrics}[args.command](args)
+        return {"list": cmd_list, "sweep": cmd_sweep, "doctor": cmd_doctor, "metrics": cmd_metrics,
+                "journal": cmd_journal, "undo": cmd_undo}[args.command](args)
     except CniError as err:
         print(f"{PLUGIN_NAME}: {err.msg}" + (f" ({err.details})" if err.details else ""), file=sys.stderr)
         return EXIT_ERROR

@@ -36,6 +36,9 @@ class Domain(Protocol):
     def apply(self, ops: list[Any]) -> None:
         """Apply in one transaction per table; BackendError if one failed (nothing of it applied)."""
 
+    def journal(self, snapshot: Any, ops: list[Any]) -> list[dict[str, Any]]:
+        """For each op, what putting it back takes (state/journal.py)."""
+
 
 class IptablesDomain:
     def __init__(self, family: int, backend: Backend, targets: list[Target], protected: dict) -> None:
@@ -54,6 +57,18 @@ class IptablesDomain:
 
     def apply(self, ops: list[Any]) -> None:
         self.backend.apply(self.family, ops)
+
+    def journal(self, snapshot: Any, ops: list[Any]) -> list[dict[str, Any]]:
+        out = []
+        for op in ops:
+            item = {"kind": "iptables", "family": self.family, "flavour": self.backend.flavour, "table": op.table,
+                    "chain": op.chain, "op": op.kind, "what": op.what}
+            if op.kind == "rule":
+                item.update(spec=op.spec, index=op.index)
+            else:
+                item["rules"] = [r.spec for r in snapshot[op.table].chains.get(op.chain, [])]
+            out.append(item)
+        return out
 
 
 class NativeDomain:
@@ -74,6 +89,16 @@ class NativeDomain:
 
     def apply(self, ops: list[Any]) -> None:
         self.backend.apply(ops)
+
+    def journal(self, snapshot: Any, ops: list[Any]) -> list[dict[str, Any]]:
+        by_handle = {(r.family, r.table, r.handle): r for r in snapshot}
+        out = []
+        for op in ops:
+            raw = getattr(by_handle.get((op.family, op.table, op.handle)), "raw", None) or {}
+            rule = {k: v for k, v in raw.items() if k != "handle"}
+            out.append({"kind": "nft", "family": op.family, "table": op.table, "chain": op.chain, "rule": rule,
+                        "what": op.what})
+        return out
 
 
 def _families(targets: list[Target]) -> list[int]:

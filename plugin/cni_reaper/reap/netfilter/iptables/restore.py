@@ -51,12 +51,15 @@ class SaveRestoreBackend:
         return {name: tables[name] for name in TABLES if name in tables}
 
     def apply(self, family: int, ops: list[Op]) -> None:
-        if not ops:
-            return
+        if ops:
+            self.restore(family, restore_text(ops))
+
+    def restore(self, family: int, text: str) -> None:
+        """One `restore --noflush` run of `text` (a transaction per table; legacy under the xtables lock)."""
         argv = [self._tool(family, "restore"), "--noflush"]
         if self.flavour == "legacy":
             argv += ["-w", LOCK_WAIT_SECONDS]
-        self._run(argv, restore_text(ops))
+        self._run(argv, text)
 
 
 def restore_text(ops: list[Op]) -> str:

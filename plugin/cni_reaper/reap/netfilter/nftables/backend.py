@@ -56,6 +56,11 @@ class NftBackend:
                     raise BackendError(f"nft -j list table {family} {name}: unreadable output ({exc})") from None
         return rules
 
+    def add(self, rules: list[dict]) -> None:
+        """Add rules given as nftables JSON (what `nft -j list` gives, without handles), in one transaction."""
+        if rules:
+            self._run(["-j", "-f", "-"], json.dumps({"nftables": [{"add": {"rule": r}} for r in rules]}))
+
     def apply(self, ops: list[NativeOp]) -> None:
         if ops:
             self._run(["-f", "-"], script(ops))

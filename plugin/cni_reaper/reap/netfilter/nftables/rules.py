@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 MASQ_TABLE = ("inet", "cni_plugins_masquerade")
 MASQ_CHAIN = "masq_checks"
@@ -45,7 +46,7 @@ def masq_owner(comment: str) -> tuple[str, str, str] | None:
 
 @dataclass(frozen=True)
 class NativeRule:
-    __slots__ = ("action", "chain", "comment", "daddr", "dnat_addr", "family", "handle", "saddr", "table")
+    __slots__ = ("action", "chain", "comment", "daddr", "dnat_addr", "family", "handle", "raw", "saddr", "table")
     family: str  # the table's family: inet, ip, ip6
     table: str
     chain: str
@@ -55,6 +56,7 @@ class NativeRule:
     daddr: str | None  # `ip daddr X` (an exact address; a prefix or a negation is not kept)
     dnat_addr: str | None  # `dnat to X:port`
     action: str | None  # "masquerade", "dnat", or None
+    raw: Any  # the rule as nft -j gave it (what undo adds back)
 
 
 def _match_addr(expr: dict, field: str) -> str | None:
@@ -86,7 +88,7 @@ def parse_rule(rule: dict) -> NativeRule | None:
                 dnat = addr if isinstance(addr, str) else None
         comment = rule.get("comment")
         return NativeRule(str(rule["family"]), str(rule["table"]), str(rule["chain"]), int(rule["handle"]),
-                          comment if isinstance(comment, str) else None, saddr, daddr, dnat, action)
+                          comment if isinstance(comment, str) else None, saddr, daddr, dnat, action, rule)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 

@@ -1,0 +1,369 @@
+"""`cni-reaper undo CONTAINER_ID`: put back what clean-ups removed for that container, as the journal says it
+was (state/journal.py): iptables rules at their positions in their chains, in the flavour and family they
+were in; chains with their rules; native nftables rules; host-local reservation files with their content;
+libcni's cached result as it was; the record. What something live now holds is never put back, and undo
+says what stands in the way:
+
+- an address another attachment now holds (a record that is not dead, or a reservation naming another
+  container): none of the rules or the reservation of that address;
+- a host port another rule now maps (in CNI-HOSTPORT-DNAT, or the native hostports chains): not the jump
+  that would shadow it;
+- a chain that exists again (a newer life of the container): not the chain;
+- a cached result libcni rewrote since (a newer life), or no longer has (its DEL ran): not that;
+- a record of the same attachment: not the record.
+Conntrack entries cannot be put back (the journal says they were cleared). What an undo put back is journaled
+too: a second undo finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.state.journal import Entry
+    from cni_reaper.state.store import Store
+
+ADDRESS = re.compile(r"(?<![\d.])(\d+\.\d+\.\d+\.\d+|[0-9a-f]*:[0-9a-f:]+)(?:/\d+|:\d+|\])")
+
+
+class Report:
+    def __init__(self) -> None:
+        self.restored: list[tuple[Entry, str]] = []
+        self.refused: list[tuple[Entry, str]] = []
+        self.gone: list[tuple[Entry, str]] = []  # can never be put back (not asked again)
+        self.unrestorable: list[Entry] = []
+
+    def ok(self, e: Entry, what: str) -> None:
+        self.restored.append((e, what))
+
+    def no(self, e: Entry, why: str) -> None:
+        self.refused.append((e, why))
+
+
+def _addresses(text: str) -> set[str]:
+    return {m.split("]")[0] for m in ADDRESS.findall(text)}
+
+
+class Holders:
+    """Who holds addresses and containers now: records that are not dead, and host-local's reservations."""
+
+    def __init__(self, store: Store, cid: str, data_dirs: list[str]) -> None:
+        from cni_reaper.reap.evidence import HOLDING, View
+        from cni_reaper.reap.hostlocal import NetworkDir, networks_in
+        from cni_reaper.reap.sweep import judge_record
+
+        self.by_ip: dict[str, str] = {}
+        view = View()
+        for r in store.records():
+            cache_dir = (r["settings"] or {}).get("cniCacheDir", "/var/lib/cni")
+            if r["containerID"] != cid and judge_record(r, view, cache_dir)[0] in HOLDING:
+                for life in [r["current"], *r["earlier"]]:
+                    for ip in life["ips"]:
+                        self.by_ip[ip["address"]] = f"the attachment {r['containerID']} ({r['network']})"
+        for d in dict.fromkeys(data_dirs):
+            for n in networks_in(d):
+                nd = NetworkDir(d, n)
+                try:
+                    for res in nd.all():
+                        if res.owner[0] != cid:
+                            self.by_ip.setdefault(res.ip, f"{res.owner[0]}, whose reservation it is ({d}/{n})")
+                finally:
+                    nd.close()
+
+    def of(self, text: str) -> str | None:
+        for ip in _addresses(text):
+            if ip in self.by_ip:
+                return f"{ip} is held by {self.by_ip[ip]}"
+        return None
+
+
+def pending(store: Store, cid: str) -> list[Entry]:
+    from cni_reaper.state import journal
+
+    return [e for e in journal.items(store, cid) if not e.restored]
+
+
+def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
+    """Put back what the journal says was removed for `cid` (the caller holds the state lock)."""
+    from cni_reaper.state.journal import Journal
+
+    report = Report()
+    entries = pending(store, cid)
+    if not entries:
+        return report
+    holders = Holders(store, cid, [*data_dirs, *{e.item.get("dataDir", "") for e in entries if e.item.get("dataDir")}])
+    kinds: dict[str, list[Entry]] = {}
+    for e in entries:
+        kinds.setdefault(e.item.get("kind", ""), []).append(e)
+    report.unrestorable = kinds.pop("conntrack", [])
+    _reservations(kinds.get("reservation", []), holders, report, dry_run)
+    _iptables(kinds.get("iptables", []), holders, report, dry_run)
+    _native(kinds.get("nft", []), holders, report, dry_run)
+    _cache(kinds.get("cache", []), report, dry_run)
+    _record(store, kinds.get("record", []), report, dry_run)
+    if not dry_run:
+        Journal(store).undone(f"undo-{cid}", [[e.event, e.index] for e, _ in report.restored],
+                              [[e.event, e.index, why] for e, why in report.refused],
+                              [[e.event, e.index, why] for e, why in report.gone] + [[e.event, e.index] for e in
+                                                                                      report.unrestorable])
+    return report
+
+
+# -- reservations -----------------------------------------------------------------------------------
+def _reservations(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
+    from cni_reaper.reap.hostlocal import NetworkDir
+
+    for e in entries:
+        it = e.item
+        d = NetworkDir(it["dataDir"], it["network"])
+        try:
+            if d.fd is None:
+                path = os.path.join(it["dataDir"], it["network"])
+                if dry_run:
+                    report.ok(e, f"host-local reservation {it['network']}/{it['ip']}")
+                    continue
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                d.close()
+                d = NetworkDir(it["dataDir"], it["network"])
+            now = d.get(it["ip"])
+            if now is not None:
+                why = "already back" if now.content == it["content"] else f"{it['ip']} is reserved by {now.owner[0]} now"
+                (report.ok if now.content == it["content"] else report.no)(e, why)
+                continue
+            held = holders.of(f"{it['ip']}/32")
+            if held:
+                report.no(e, held)
+                continue
+            if not dry_run:
+                _write_reservation(d, it)
+            report.ok(e, f"host-local reservation {it['network']}/{it['ip']}")
+        finally:
+            d.close()
+
+
+def _write_reservation(d: Any, it: dict[str, Any]) -> None:
+    with d.locked(10):
+        fd = os.open(it["ip"], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, it.get("mode", 0o600),
+                     dir_fd=d.fd)
+        try:
+            os.write(fd, it["content"].encode())
+        finally:
+            os.close(fd)
+
+
+# -- iptables ------------------------------------------------------------------------------------------
+def _ports_of(spec: str) -> set[tuple[str, str]]:
+    proto = re.search(r"-p (\w+)", spec)
+    ports = re.search(r"--dports? ([\d,:]+)", spec)
+    if not ports:
+        return set()
+    return {(proto.group(1) if proto else "", p) for p in ports.group(1).split(",")}
+
+
+def _iptables(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
+    groups: dict[tuple[int, str], list[Entry]] = {}
+    for e in entries:
+        groups.setdefault((e.item["family"], e.item["flavour"]), []).append(e)
+    for (family, flavour), group in sorted(groups.items()):
+        _iptables_family(family, flavour, group, holders, report, dry_run)
+
+
+def _iptables_family(family: int, flavour: str, entries: list[Entry], holders: Holders, report: Report,
+                     dry_run: bool) -> None:
+    from cni_reaper.reap.netfilter.interface import BackendError
+    from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
+
+    backend = SaveRestoreBackend(flavour)
+    try:
+        tables = backend.read(family)
+    except BackendError as exc:
+        for e in entries:
+            report.no(e, f"ipv{family} {flavour} tables cannot be read: {exc}")
+        return
+    plan = _IptablesPlan(tables, holders)
+    chains = [e for e in entries if e.item["op"] == "chain"]
+    rules = sorted((e for e in entries if e.item["op"] != "chain"), key=lambda e: e.item.get("index", 0))
+    plan.candidates = {(e.item["table"], e.item["chain"]) for e in chains if plan.chain_ok(e) is None}
+    for e in rules:
+        plan.take(e, report)
+    for e in chains:  # a chain comes back with a jump to it, never alone
+        plan.take(e, report)
+    if plan.lines and not dry_run:
+        try:
+            backend.restore(family, plan.text())
+        except BackendError as exc:
+            for e, what in list(report.restored):
+                if e in plan.entries:
+                    report.restored.remove((e, what))
+                    report.no(e, f"ipv{family} {flavour} restore failed: {exc}")
+
+
+class _IptablesPlan:
+    """The restore lines that put the items back, checked against the tables as they are now."""
+
+    def __init__(self, tables: dict[str, Any], holders: Holders) -> None:
+        self.tables, self.holders = tables, holders
+        self.lines: dict[str, list[str]] = {}
+        self.made: set[tuple[str, str]] = set()
+        self.candidates: set[tuple[str, str]] = set()  # chains that may come back (if a jump to them does)
+        self.jumped: set[tuple[str, str]] = set()  # chains a rule put back jumps to
+        self.inserted: dict[tuple[str, str], int] = {}
+        self.entries: list[Entry] = []
+
+    def text(self) -> str:
+        out = ""
+        for t, lines in self.lines.items():
+            made = [f"-N {c}" for table, c in sorted(self.made) if table == t]
+            out += f"*{t}\n" + "\n".join(made + lines) + "\nCOMMIT\n"
+        return out
+
+    def _exists(self, table: str, chain: str) -> bool:
+        t = self.tables.get(table)
+        return (t is not None and chain in t.chains) or (table, chain) in self.candidates
+
+    def chain_ok(self, e: Entry) -> str | None:
+        it = e.item
+        t = self.tables.get(it["table"])
+        if t is not None and it["chain"] in t.chains:
+            return f"{it['table']} {it['chain']} exists (a newer life of the container has it)"
+        return next((self.holders.of(spec) for spec in it["rules"] if self.holders.of(spec)), None)
+
+    def take(self, e: Entry, report: Report) -> None:
+        it = e.item
+        table, chain = it["table"], it["chain"]
+        if it["op"] == "chain":
+            why = self.chain_ok(e) or (None if (table, chain) in self.jumped else "no jump to it can be put back")
+            if why:
+                report.no(e, why)
+                return
+            self.made.add((table, chain))
+            self.lines.setdefault(table, []).extend(f"-A {chain} {s}" for s in it["rules"])
+        else:
+            why = self._conflict(table, chain, it["spec"])
+            if why:
+                report.no(e, why)
+                return
+            jump = re.search(r"-[jg] (\S+)", it["spec"])
+            if jump:
+                self.jumped.add((table, jump.group(1)))
+            length = len(self.tables[table].chains.get(chain, [])) + self.inserted.get((table, chain), 0)
+            pos = min(it.get("index", 0), length)  # its position then, the others being as they were
+            self.inserted[(table, chain)] = self.inserted.get((table, chain), 0) + 1
+            self.lines.setdefault(table, []).append(f"-I {chain} {pos + 1} {it['spec']}")
+        self.entries.append(e)
+        report.ok(e, f"ipv{it['family']} {table} {chain}: {it.get('what', '')}")
+
+    def _conflict(self, table: str, chain: str, spec: str) -> str | None:
+        t = self.tables.get(table)
+        if t is None or chain not in t.chains:
+            return f"{table} {chain} is not there"
+        if any(r.spec == spec for r in t.chains[chain]):
+            return "already there"
+        jump = re.search(r"-[jg] (\S+)", spec)
+        if jump and jump.group(1).startswith("CNI-") and not self._exists(table, jump.group(1)):
+            return f"its target chain {jump.group(1)} is not there"
+        if chain == "CNI-HOSTPORT-DNAT":
+            taken = {p for r in t.chains[chain] for p in _ports_of(r.spec)} & _ports_of(spec)
+            if taken:
+                return f"host port {sorted(taken)[0][1]}/{sorted(taken)[0][0]} is mapped by another allocation now"
+        return self.holders.of(spec)
+
+
+# -- native nftables, libcni's cache, the record -----------------------------------------------------------
+def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
+    from cni_reaper import jsonio
+    from cni_reaper.reap.netfilter.interface import BackendError
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+
+    if not entries:
+        return
+    nft = NftBackend()
+    try:
+        present = nft.read()
+    except BackendError as exc:
+        for e in entries:
+            report.no(e, f"the native tables cannot be read: {exc}")
+        return
+    now = {jsonio.dumps([r.chain, (r.raw or {}).get("expr")]) for r in present}
+    adds, ok = [], []
+    for e in entries:
+        rule = e.item["rule"]
+        text = jsonio.dumps(rule)
+        held = holders.of(" ".join(f"{a}/32" for a in re.findall(r'"(\d+\.\d+\.\d+\.\d+)"', text)))
+        if jsonio.dumps([rule.get("chain"), rule.get("expr")]) in now:
+            report.ok(e, "already there")
+        elif held:
+            report.no(e, held)
+        else:
+            adds.append(rule)
+            ok.append(e)
+            report.ok(e, f"nft {e.item['family']} {e.item['table']} {e.item['chain']}: {e.item.get('what', '')}")
+    if adds and not dry_run:
+        try:
+            nft.add(adds)
+        except BackendError as exc:
+            for e in ok:
+                report.restored = [(x, w) for x, w in report.restored if x is not e]
+                report.no(e, f"nft: {exc}")
+
+
+def _cache(entries: list[Entry], report: Report, dry_run: bool) -> None:
+    from cni_reaper import jsonio
+    from cni_reaper.reap import cache
+
+    for e in entries:
+        it = e.item
+        path = os.path.join(cache.results_dir(it["cacheDir"]), it["entry"])
+        try:
+            with open(path, "rb") as f:
+                current = jsonio.loads(f.read())
+        except (OSError, ValueError):
+            report.gone.append((e, f"libcni no longer caches {it['entry']} (its DEL ran): nothing to put back"))
+            continue
+        original = jsonio.loads(it["content"])
+        released = set(cache.Entry(it["entry"], original, 0).ips) - set(cache.Entry(it["entry"], current, 0).ips)
+        if current != _forgotten(original, released):
+            report.no(e, f"libcni's cached result {it['entry']} was rewritten since (a newer life)")
+            continue
+        if not dry_run:
+            tmp = f"{path}.cni-reaper-undo"
+            with open(tmp, "w") as f:
+                f.write(it["content"])
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        report.ok(e, f"libcni's cached result {it['entry']}")
+
+
+def _forgotten(original: dict[str, Any], released: set[str]) -> dict[str, Any]:
+    from cni_reaper import jsonio
+    from cni_reaper.reap import cache
+
+    doc = dict(original)
+    result = cache.without(cache.result_of(doc), released)
+    doc["result"] = jsonio.dumps(result) if isinstance(doc.get("result"), str) else result
+    return doc
+
+
+def _record(store: Store, entries: list[Entry], report: Report, dry_run: bool) -> None:
+    from cni_reaper.state.record import key, problem
+
+    if not entries:
+        return
+    newest = max(entries, key=lambda e: e.at)
+    rec = newest.item["record"]
+    if problem(rec) is not None:
+        report.no(newest, "the journaled record is not one the reader takes")
+        return
+    if store.load(*key(rec)) is not None:
+        report.no(newest, "a record of this attachment exists (a newer life)")
+    else:
+        if not dry_run:
+            store.save(rec)
+        report.ok(newest, "the record")
+    for e in entries:
+        if e is not newest:
+            report.ok(e, "(an older journaled record)")

@@ -1,0 +1,169 @@
+"""Trust before authority: observe mode removes nothing and says what it would; every clean-up is journaled and
+`cni-reaper undo` puts it back exactly, unless something live now holds it. Through go-cni with the
+reference plugins (1.9 for the native nftables tables), both iptables flavours."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from testkit.sandbox import Stack, ips_of, open_sandbox, unique
+
+pytestmark = pytest.mark.netns
+NET = "nomad-reaper"
+PORTS = ("8080:80/tcp", "8080:80/udp")
+NOMAD = Stack("1.9", "go-cni-1.1.13")
+
+
+def cli(sb, *args):
+    return sb.run([str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(sb.root / "none")])
+
+
+def normalized(sb) -> list[str]:
+    """The tables: per table its chains (sorted: iptables-nft lists a chain made again after the others) and
+    every rule in its chain's order."""
+    out = []
+    for block in sb.tables().split("COMMIT"):
+        lines = block.splitlines()
+        out += sorted(l for l in lines if l.startswith((":", "*")))
+        rules: dict[str, list[str]] = {}
+        for l in lines:
+            if l.startswith("-A "):
+                rules.setdefault(l.split()[1], []).append(l)
+        out += [l for chain in sorted(rules) for l in rules[chain]]
+    return out
+
+
+def native(sb) -> list[str]:
+    return sorted(re.sub(r" # handle \d+", "", l) for l in sb.native_rules())
+
+
+def reservations(sb) -> dict[str, str]:
+    out = {}
+    for p in sorted(sb.cni_dir.glob(f"*/{NET}/*")) + sorted(sb.run_cni.glob(f"{NET}/*")):
+        if p.name[0].isdigit():
+            out[str(p)] = p.read_text()
+    return out
+
+
+def state(sb) -> tuple:
+    return normalized(sb), native(sb), reservations(sb)
+
+
+def kill_and_clean(sb, how: str, conflist, cid: str, netns: str, live: str) -> tuple[str, list[str]] | None:
+    """The attachment dies (its netns removed; with "del" the runtime's DEL comes then) and is cleaned by
+    `how`; the allocation of an ADD that swept, if any."""
+    sb.remove_container(netns)
+    if how == "del":
+        assert sb.driver("del", cid, netns, PORTS, conflist).returncode == 0
+    elif how == "add":
+        newcomer = unique("alloc-")
+        return newcomer, ips_of(sb.driver("add", newcomer, sb.container(), ("9090:80/tcp",), conflist))
+    elif how == "status":
+        rc, out, err = sb.status()
+        assert rc == 0, (out, err)
+    elif how == "gc":
+        assert sb.driver("gc", conflist=conflist, valid=(f"{live}:eth0",)).returncode == 0
+    else:
+        assert cli(sb, "sweep", "--apply").returncode == 0
+    return None
+
+
+def without(sb, st: tuple, newcomer: tuple[str, list[str]] | None) -> tuple:
+    if newcomer is None:
+        return st
+    cid, ips = newcomer
+    mine = set(sb.residue(NET, cid, ips)) | {l for l in st[1] if cid in l or any(f"{ip} " in l for ip in ips)}
+    return ([l for l in st[0] if l not in mine], [l for l in st[1] if l not in mine],
+            {k: v for k, v in st[2].items() if cid not in v})
+
+
+CLEANERS = ["del", "add", "status", "cli"]
+
+
+@pytest.fixture(params=["iptables", "native"])
+def setup(request, tmp_path, flavour, package_exe):
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        conflist = sb.native_conflist() if request.param == "native" else sb.conflist()
+        yield sb, conflist, request.param
+
+
+@pytest.mark.parametrize("how", [*CLEANERS, "gc"])
+def test_undo_puts_back_exactly_what_a_clean_up_removed(setup, how):
+    sb, conflist, kind = setup
+    cid, netns = unique("alloc-"), sb.container()
+    ips_of(sb.driver("add", cid, netns, PORTS, conflist))
+    other, other_ns = unique("alloc-"), sb.container()  # a live neighbour: undo leaves it as it is
+    ips_of(sb.driver("add", other, other_ns, ("8081:80/tcp",), conflist))
+    before = state(sb)
+    record = sb.record(cid)
+    newcomer = kill_and_clean(sb, how, conflist, cid, netns, other)
+    after_clean = state(sb)
+    assert without(sb, after_clean, newcomer) != before and sb.record(cid) is None, "nothing was cleaned"
+    kinds = {e["kind"] for e in json.loads(cli(sb, "journal", cid, "--json").stdout)}
+    assert {"reservation", "record", "nft" if kind == "native" else "iptables"} <= kinds, kinds
+    dry = cli(sb, "undo", cid, "--dry-run")
+    assert "would put back" in dry.stdout and state(sb) == after_clean
+    out = cli(sb, "undo", cid)
+    refused = [l for l in out.stdout.splitlines() if l.startswith("not put back")]
+    # a DEL that went through: libcni forgot the attachment, rightly; nothing else may stand in the way
+    assert all(how == "del" and "libcni no longer caches" in l for l in refused), out.stdout + out.stderr
+    assert without(sb, state(sb), newcomer) == before
+    back = sb.record(cid)
+    assert back is not None and back["current"] == record["current"]
+    restored = state(sb)
+    again = cli(sb, "undo", cid)
+    assert again.returncode == 0 and "nothing of" in again.stdout and state(sb) == restored
+
+
+def test_undo_refuses_what_a_live_allocation_holds_now(tmp_path, flavour, package_exe):
+    """The dead attachment's address and host port went to a new allocation: undo puts back none of what
+    would overwrite or shadow it, and says why."""
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        conflist = sb.conflist(bridge="undo0", subnet="172.30.0.0/24")
+        data = json.loads(conflist.read_text())
+        for p in data["plugins"]:
+            if p["type"] == "bridge":
+                p["ipam"]["ranges"] = [[{"subnet": "172.30.0.0/24", "rangeStart": "172.30.0.7", "rangeEnd": "172.30.0.7"}]]
+        conflist.write_text(json.dumps(data))
+        dead, new = unique("alloc-"), unique("alloc-")
+        ns_dead, ns_new = sb.container(), sb.container()
+        [ip] = ips_of(sb.driver("add", dead, ns_dead, PORTS, conflist))
+        sb.remove_container(ns_dead)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        assert ips_of(sb.driver("add", new, ns_new, PORTS, conflist)) == [ip]  # its address and its port
+        before = state(sb)
+        out = cli(sb, "undo", dead)
+        assert out.returncode == 4, out.stdout + out.stderr
+        assert f"{ip} is reserved by {new}" in out.stdout or f"{ip} is held by" in out.stdout
+        assert "host port 8080" in out.stdout or f"{ip} is held by" in out.stdout
+        now = state(sb)
+        assert set(now[0]) ^ set(before[0]) == set() and now[1:] == before[1:], (set(now[0]) - set(before[0]), out.stdout)
+        assert sb.reach(ns_new, "172.30.0.1", 8080, "the new one") == "the new one"
+
+
+def test_observe_mode_removes_nothing_says_what_it_would_and_clean_mode_then_removes_it(tmp_path, flavour, package_exe):
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        watching = sb.conflist(mode="observe")
+        cid, netns = unique("alloc-"), sb.container()
+        ips = ips_of(sb.driver("add", cid, netns, PORTS, watching))
+        sb.remove_container(netns)
+        before = state(sb)
+        for _ in range(3):  # the STATUS of each call sweeps: once is what is said
+            assert sb.driver("add", unique("alloc-"), sb.container(), (), watching).returncode == 0
+        assert [l for l in sb.residue(NET, cid, ips)] and reservations(sb).keys() >= {k for k in before[2] if cid in before[2][k]}
+        lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
+        would = [l for l in lines if l["msg"] == "would remove" and l["containerID"] == cid]
+        assert len(would) == 1 and not [l for l in lines if l["msg"] == "removed" and l.get("containerID") == cid]
+        assert json.loads(cli(sb, "list", "--json").stdout)[0]["state"] in ("dead", "live")
+        metrics = cli(sb, "metrics", "--state-dir", "/var/lib/cni/reaper").stdout
+        assert re.search(rf'cni_reaper_would_remove_total{{network="{NET}",kind="masquerade"}} [1-9]', metrics), metrics
+        # back to clean: the next call removes exactly what was said
+        cleaning = sb.conflist(mode="clean")
+        assert sb.driver("add", unique("alloc-"), sb.container(), (), cleaning).returncode == 0
+        assert sb.residue(NET, cid, ips) == []
+        lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
+        [removed] = [l for l in lines if l["msg"] == "removed" and l["containerID"] == cid]
+        assert sorted(removed["items"]) == sorted(would[0]["items"])
