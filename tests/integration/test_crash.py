@@ -9,6 +9,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import time
 
 import pytest
@@ -80,3 +81,89 @@ def test_sigkill_during_a_sweep_then_one_more_call_finishes_it(tmp_path, flavour
             records = [json.loads((sb.state_dir() / n).read_text()) for n in names if n.startswith("r-")]
             assert all(record_problem(r) is None for r in records)
             assert sorted(r["containerID"] for r in records) == sorted(c for c, *_ in live)
+
+
+JOURNAL_TRIALS = int(os.environ.get("CNI_REAPER_JOURNAL_CRASH_TRIALS", "12"))
+
+
+def _normalized(sb: Sandbox) -> list[str]:
+    """The tables, chains sorted (a chain made again is listed last by iptables-nft), rules in chain order."""
+    out: list[str] = []
+    for block in sb.tables().split("COMMIT"):
+        lines = block.splitlines()
+        out += sorted(l for l in lines if l.startswith((":", "*")))
+        chains: dict[str, list[str]] = {}
+        for l in lines:
+            if l.startswith("-A "):
+                chains.setdefault(l.split()[1], []).append(l)
+        out += [l for c in sorted(chains) for l in chains[c]]
+    return out
+
+
+def _reservations(sb: Sandbox) -> dict[str, str]:
+    return {p.name: p.read_text() for p in (sb.cni_dir / "networks" / NET).glob("172.*")}
+
+
+def _journaled(sb: Sandbox) -> tuple[set[str], set[str]]:
+    """The rule lines and reservations the journal says were (perhaps) removed."""
+    out = sb.run([str(sb.plugin_dir / "cni-reaper"), "journal", "--json", "--cni-conf-dir", str(sb.root / "none")])
+    lines, ips = set(), set()
+    for e in json.loads(out.stdout):
+        it = e["item"]
+        if it["kind"] == "iptables" and it["op"] == "rule":
+            lines.add(f"-A {it['chain']} {it['spec']}")
+        elif it["kind"] == "iptables":
+            lines |= {f"-A {it['chain']} {s}" for s in it["rules"]}
+        elif it["kind"] == "reservation":
+            ips.add(it["ip"])
+    return lines, ips
+
+
+def _undo_all(sb: Sandbox, dead: list, kill_after: float | None = None) -> None:
+    for cid, *_ in dead:
+        argv = sb.wrap([str(sb.plugin_dir / "cni-reaper"), "undo", cid, "--cni-conf-dir", str(sb.root / "none")])
+        proc = subprocess.Popen(argv, env=sb.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if kill_after is not None:
+            time.sleep(kill_after)
+            os.kill(proc.pid, signal.SIGKILL)
+            kill_after = None  # one undo is cut; the others run whole
+        proc.wait(timeout=120)
+
+
+def test_sigkill_during_a_clean_up_or_an_undo_leaves_a_journal_that_is_never_wrong(tmp_path, flavour, package_exe, driver_bin):
+    """A clean-up killed at a random moment (seeded): everything that is gone is in the journal (written before
+    it went). Undo of every dead attachment then puts the tables and reservations back as they were; and an
+    undo killed at a random moment, undone once more, does too."""
+    from testkit.sandbox import needs_root
+
+    needs_root()
+    rng = random.Random(f"journal-crash-{flavour}")
+    for trial in range(JOURNAL_TRIALS):
+        with Sandbox(tmp_path / str(trial), flavour, package_exe, driver_bin) as sb:
+            live_ns = sb.container()
+            live = [(f"live-{k}", ip_of(1000 + k), 40000 + k, live_ns) for k in range(2)]
+            dead = [(f"dead-{k}", ip_of(k), 20000 + k, f"/var/run/netns/gone-{k}") for k in range(6)]
+            nat, filt = [], []
+            for cid, ip, port, _ in live + dead:
+                a, b, _ = leak(NET, cid, ip, port)
+                nat += a
+                filt += b
+            sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
+            write_reservations(sb.cni_dir / "networks", NET, [(c, ip) for c, ip, _, _ in live + dead])
+            write_records(sb, NET, live + dead)
+            before, held = _normalized(sb), _reservations(sb)
+            proc = status_proc(sb)
+            time.sleep(rng.uniform(0, 0.6))
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+            now, kept = set(_normalized(sb)), _reservations(sb)
+            lines, ips = _journaled(sb)
+            gone = [l for l in before if l.startswith("-A ") and l not in now]
+            assert set(gone) <= lines, f"trial {trial}: removed without a journal line: {sorted(set(gone) - lines)[:3]}"
+            assert set(held) - set(kept) <= ips, f"trial {trial}: a reservation went without a journal line"
+            rc, out, err = sb.status()  # the clean-up finished by the next call
+            assert rc == 0, (out, err)
+            _undo_all(sb, dead, kill_after=rng.uniform(0, 0.4) if trial % 2 else None)
+            _undo_all(sb, dead)  # what the cut undo left, this one puts back; what it did, this one leaves
+            assert _normalized(sb) == before, f"trial {trial}: undo did not put the tables back"
+            assert _reservations(sb) == held, f"trial {trial}: undo did not put the reservations back"
