@@ -2,7 +2,7 @@
 # Install cni-reaper on a Nomad client (as root), or into a throwaway root with --prefix.
 #
 #   scripts/install.sh [--prefix DIR] [--bundle DIR] [--conflist FILE|none] [--cni-version auto|1.0.0|1.1.0] [--force]
-#                      [--timer]
+#                      [--timer] [--wrap]
 #   scripts/install.sh [--prefix DIR] --uninstall
 #
 # Installs the one-folder bundle into /opt/cni-reaper/, links /opt/cni/bin/cni-reaper to it, copies the
@@ -12,12 +12,16 @@
 # VERSION; plugins 1.6 and later), so that Nomad 1.9.5+ sends STATUS; otherwise in its 1.0.0 form.
 # --timer also installs the periodic sweep, cni-reaper-sweep.timer and .service, into /etc/systemd/system,
 # not enabled (systemctl enable --now cni-reaper-sweep.timer; see README, "A periodic sweep").
+# --wrap also makes /opt/cni-reaper/wrap/, a directory holding a link `portmap` to cni-reaper (wrap mode, for
+# Nomad's own bridge network: see README, "Nomad's bridge network (no job change)"), checks that a real portmap
+# follows it on the path, and prints the cni_path line for the Nomad client; nothing changes until that line
+# is in the client's configuration. Roll back: take the directory out of cni_path (and restart the client).
 # Idempotent. What it installed is listed in /opt/cni-reaper/.manifest; --uninstall removes exactly that and
 # nothing else (not the records in /var/lib/cni/reaper, not the log).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
-prefix="" bundle="" conflist="$here/conflist/nomad-reaper.conflist" uninstall=0 force=0 cni_version=auto timer=0
+prefix="" bundle="" conflist="$here/conflist/nomad-reaper.conflist" uninstall=0 force=0 cni_version=auto timer=0 wrap=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix=${2%/}; shift 2 ;;
@@ -27,7 +31,8 @@ while [ $# -gt 0 ]; do
     --force) force=1; shift ;;
     --cni-version) cni_version=$2; shift 2 ;;
     --timer) timer=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --wrap) wrap=1; shift ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -74,8 +79,28 @@ uninstall_timer() {
   if [ -L "$wants/cni-reaper-sweep.timer" ]; then rm -f "$wants/cni-reaper-sweep.timer"; rmdir "$wants" 2>/dev/null || true; fi
 }
 
+# --wrap: the wrapper directory lives in the bundle's home (made with it, before the swap, so that an upgrade
+# never shows a client a cni_path directory without its portmap) and goes with it
+install_wrap() {
+  say "wrapper directory /opt/cni-reaper/wrap (portmap -> cni-reaper, which runs $real_portmap)"
+  say "to wrap Nomad's bridge network, put it first in the client's cni_path and restart the client:"
+  say "  cni_path = \"/opt/cni-reaper/wrap:/opt/cni/bin:/usr/lib/cni\""
+  say "  (roll back: take /opt/cni-reaper/wrap out of cni_path again; cni-reaper doctor checks the wrap)"
+}
+
+# the wrapper directory named in a Nomad client's cni_path: removing it would leave Nomad before 2.0 unable to
+# fingerprint any plugin at its next start (a missing cni_path directory ends its scan)
+wrap_in_use() {
+  grep -rslE '^[[:space:]]*cni_path[[:space:]]*=.*/opt/cni-reaper/wrap' "$prefix/etc/nomad.d" 2>/dev/null | head -1
+}
+
 if [ "$uninstall" = 1 ]; then
   if [ ! -f "$manifest" ]; then say "nothing to uninstall ($manifest not found)"; exit 0; fi
+  if [ -d "$home/wrap" ] && [ "$force" != 1 ] && in_use=$(wrap_in_use) && [ -n "$in_use" ]; then
+    echo "install.sh: /opt/cni-reaper/wrap is in the Nomad client's cni_path ($in_use)" >&2
+    echo "  take it out and restart the Nomad client first (or use --force)" >&2
+    exit 1
+  fi
   uninstall_timer
   dirs=$(grep '^dir ' "$manifest" | cut -d' ' -f2 | sort -r || true)
   while read -r kind path sum; do
@@ -134,6 +159,13 @@ if [ "$conflist" != none ]; then
   fi
 fi
 
+[ -f "$home/.wrap" ] && wrap=1  # a wrap once installed stays until --uninstall (cni_path may name it)
+if [ "$wrap" = 1 ] && ! real_portmap=$(plugin_path portmap); then
+  echo "install.sh: --wrap: no portmap plugin in $bindir or /usr/lib/cni for the wrapper to run" >&2
+  echo "  install the reference plugins (Debian: apt-get install containernetworking-plugins) first" >&2
+  exit 1
+fi
+
 created=()
 for d in "$prefix/opt" "$prefix/opt/cni" "$bindir" "$confdir"; do
   [ -d "$d" ] || { mkdir -p "$d"; created+=("${d#"$prefix"}"); }
@@ -145,6 +177,10 @@ prev_files=$(grep '^file ' "$manifest" 2>/dev/null || true)
 # the bundle: copied beside, then swapped in, so a running invocation never sees half a bundle
 rm -rf "$home.new"
 cp -a "$bundle" "$home.new"
+rm -rf "$home.new/wrap"  # the release's wrapper directory: made with --wrap only, before the swap
+if [ "$wrap" = 1 ]; then
+  mkdir "$home.new/wrap" && ln -s ../cni-reaper "$home.new/wrap/portmap" && printf 'wrap\n' > "$home.new/.wrap"
+fi
 rm -rf "$home.old"
 [ -d "$home" ] && mv "$home" "$home.old"
 mv "$home.new" "$home"
@@ -171,5 +207,8 @@ if [ "$conflist" != none ]; then
   printf 'file %s %s\n' "/opt/cni/config/$(basename "$conflist")" "$(sha256sum < "$dest" | cut -d' ' -f1)" >> "$manifest"
 fi
 [ "$timer" = 1 ] && install_timer
-say "installed /opt/cni-reaper, /opt/cni/bin/cni-reaper${conflist:+ and /opt/cni/config/$(basename "$conflist")} under ${prefix:-/}"
+[ "$wrap" = 1 ] && install_wrap
+what="/opt/cni-reaper, /opt/cni/bin/cni-reaper"
+[ "$conflist" = none ] || what="$what and /opt/cni/config/$(basename "$conflist")"
+say "installed $what under ${prefix:-/}"
 "$link" version

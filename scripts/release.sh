@@ -2,12 +2,14 @@
 # Build a release, as root, on Debian 12 (offline apart from the package registries), from a clone, for
 # each architecture ARCH in amd64 and arm64:
 #   dist/cni-reaper-<version>-linux-ARCH.tgz    the executable cni-reaper and its support folder
-#                                               cni-reaper.lib beside it: extract it into /opt/cni/bin
+#                                               cni-reaper.lib beside it, and wrap/portmap (a link to
+#                                               it, for wrap mode): extract it into /opt/cni/bin
 #   dist/cni-reaper-<version>-linux-ARCH.tgz.sha256
 #   dist/cni-reaper_<version>_ARCH.deb          the bundle in /usr/lib/cni-reaper, /opt/cni/bin/cni-reaper
 #                                               linking to it, conflists and Nomad examples in
 #                                               /usr/share/cni-reaper, the sweep's timer and service in
-#                                               /lib/systemd/system (not enabled); removing it removes
+#                                               /lib/systemd/system (not enabled), the wrapper
+#                                               directory /usr/lib/cni-reaper/wrap; removing it removes
 #                                               exactly that
 # The bundles are scripts/build.sh's (Debian 11 base of each architecture, glibc 2.28 floor); the two
 # architectures build side by side (arm64's under user-mode emulation, see scripts/bundle.py). File times,
@@ -42,9 +44,12 @@ stamp() { find "$1" -exec touch -h -d "@$epoch" {} +; }
 
 package() {  # ARCH BUNDLE-DIR
 local arch=$1 bundle=$2 name="cni-reaper-$version-linux-$1" root
+# the wrapper directory (wrap mode, for Nomad's own bridge network): a link portmap to cni-reaper, inert until
+# the operator puts the directory first in the client's cni_path
+mkdir -p "$bundle/wrap" && ln -sfn ../cni-reaper "$bundle/wrap/portmap"
 # the tarball
 stamp "$bundle"
-tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$bundle" -cf - cni-reaper cni-reaper.lib \
+tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$bundle" -cf - cni-reaper cni-reaper.lib wrap \
   | gzip -n -9 > "$out/$name.tgz"
 (cd "$out" && sha256sum "$name.tgz" > "$name.tgz.sha256")
 
@@ -52,7 +57,7 @@ tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$bundl
 root=$(mktemp -d) && chmod 0755 "$root"
 mkdir -p "$root/DEBIAN" "$root/usr/lib/cni-reaper" "$root/usr/share/cni-reaper/conflist/1.1.0" \
   "$root/usr/share/cni-reaper/nomad" "$root/usr/share/doc/cni-reaper" "$root/lib/systemd/system"
-cp -a "$bundle/cni-reaper" "$bundle/cni-reaper.lib" "$root/usr/lib/cni-reaper/"
+cp -a "$bundle/cni-reaper" "$bundle/cni-reaper.lib" "$bundle/wrap" "$root/usr/lib/cni-reaper/"
 install -m 0644 conflist/*.conflist "$root/usr/share/cni-reaper/conflist/"
 install -m 0644 conflist/1.1.0/*.conflist "$root/usr/share/cni-reaper/conflist/1.1.0/"
 install -m 0644 conflist/nomad/*.hcl "$root/usr/share/cni-reaper/nomad/"
@@ -105,6 +110,15 @@ POSTINST
 cat > "$root/DEBIAN/prerm" <<'PRERM'
 #!/bin/sh
 set -e
+if [ "$1" = remove ]; then
+  # the wrapper directory still first in a Nomad client's cni_path: removing it would leave Nomad before 2.0
+  # unable to fingerprint any plugin at its next start (a missing cni_path directory ends its scan)
+  if [ -z "${CNI_REAPER_FORCE_REMOVE:-}" ] && grep -rsqE '^[[:space:]]*cni_path[[:space:]]*=.*/usr/lib/cni-reaper/wrap' /etc/nomad.d; then
+    echo "cni-reaper: /usr/lib/cni-reaper/wrap is in the Nomad client's cni_path ($(grep -rslE 'cni_path.*/usr/lib/cni-reaper/wrap' /etc/nomad.d | head -1))." >&2
+    echo "cni-reaper: take it out, restart the Nomad client, then remove the package (or set CNI_REAPER_FORCE_REMOVE=1)" >&2
+    exit 1
+  fi
+fi
 if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
   # the timer, if the operator enabled it: stopped, and its link in timers.target.wants removed with the unit
   if [ -d /run/systemd/system ]; then

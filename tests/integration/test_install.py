@@ -77,6 +77,44 @@ def test_install_with_timer_ships_the_units_not_enabled_and_uninstall_takes_them
     assert tree(root) == before
 
 
+def test_install_with_wrap_makes_the_wrapper_directory_and_uninstall_waits_for_cni_path(tmp_path):
+    """--wrap: /opt/cni-reaper/wrap/portmap, a link to cni-reaper that, run bare as Nomad's fingerprint runs it
+    (no CNI_PATH: the settings' cniPath), answers exactly as the real portmap; the cni_path line is printed; a
+    later install without --wrap keeps it; --uninstall refuses while the Nomad client's cni_path names the
+    directory (Nomad before 2.0 stops fingerprinting at a missing one), and once it does not, leaves the tree
+    as it was."""
+    bundle = binary_exe()
+    root = tmp_path / "root"
+    (root / "opt" / "cni" / "bin").mkdir(parents=True)
+    nomad = root / "etc" / "nomad.d"
+    nomad.mkdir(parents=True)
+    (nomad / "client.hcl").write_text('client {\n  cni_path = "/opt/cni/bin:/usr/lib/cni"\n}\n')
+    before = tree(root)
+    args = ["--prefix", str(root), "--bundle", os.path.dirname(bundle), "--conflist", "none"]
+    out = run(*args, "--wrap").stdout
+    assert 'cni_path = "/opt/cni-reaper/wrap:/opt/cni/bin:/usr/lib/cni"' in out
+    assert "/opt/cni/config/none" not in out
+    first = tree(root)
+    assert first["/opt/cni-reaper/wrap/portmap"] == "link:../cni-reaper"
+    run(*args)
+    assert tree(root) == first, "an install without --wrap took the wrap away (or changed the tree)"
+    settings = tmp_path / "config.json"
+    settings.write_text(json.dumps({"cniPath": str(reference_plugins())}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+    real = subprocess.run([str(reference_plugins() / "portmap")], env=env, capture_output=True, text=True)
+    wrapped = subprocess.run([str(root / "opt" / "cni-reaper" / "wrap" / "portmap")], capture_output=True, text=True,
+                             env={**env, "CNI_REAPER_CONFIG": str(settings)})
+    assert (wrapped.returncode, wrapped.stdout, wrapped.stderr) == (real.returncode, real.stdout, real.stderr)
+    assert "portmap" in real.stderr
+    (nomad / "client.hcl").write_text('client {\n  cni_path = "/opt/cni-reaper/wrap:/opt/cni/bin"\n}\n')
+    refused = run("--prefix", str(root), "--uninstall", check=False)
+    assert refused.returncode == 1 and "take it out" in refused.stderr, refused
+    assert tree(root)["/opt/cni-reaper/wrap/portmap"] == "link:../cni-reaper"
+    (nomad / "client.hcl").write_text('client {\n  cni_path = "/opt/cni/bin:/usr/lib/cni"\n}\n')
+    run("--prefix", str(root), "--uninstall")
+    assert tree(root) == before
+
+
 def test_install_refuses_when_a_chained_plugin_is_missing(tmp_path):
     conf = json.loads((REPO / "conflist" / "nomad-reaper.conflist").read_text())
     conf["plugins"].insert(1, {"type": "no-such-plugin"})

@@ -77,7 +77,9 @@ def test_the_tarball_holds_the_bundle_as_the_reference_plugins_lay_theirs_out(re
     with tarfile.open(release["tgz"]) as tar:
         names = tar.getnames()
         top = {n.split("/")[0] for n in names}
-        assert top == {"cni-reaper", "cni-reaper.lib"}
+        assert top == {"cni-reaper", "cni-reaper.lib", "wrap"}
+        link = tar.getmember("wrap/portmap")  # wrap mode's directory, inert until it is put on cni_path
+        assert link.issym() and link.linkname == "../cni-reaper"
         exe = tar.getmember("cni-reaper")
         assert exe.isfile() and exe.mode & 0o111 and (exe.uid, exe.gid) == (0, 0)
         header = tar.extractfile(exe).read(20)
@@ -310,6 +312,11 @@ def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bulls
               f"cmp /lib/systemd/system/cni-reaper-sweep.timer /tmp/shipped.timer; "
               f"cmp /lib/systemd/system/cni-reaper-sweep.service /tmp/shipped.service; "
               f"! ls /etc/systemd/system/*.wants/cni-reaper-sweep.* 2>/dev/null; "  # installed, not enabled
+              f"test \\\"\\$(readlink -f /usr/lib/cni-reaper/wrap/portmap)\\\" = /usr/lib/cni-reaper/cni-reaper; "
+              # removal refused while a Nomad client's cni_path names the wrapper directory
+              f"mkdir /etc/nomad.d && echo 'cni_path = \\\"/usr/lib/cni-reaper/wrap:/opt/cni/bin\\\"' > /etc/nomad.d/c.hcl; "
+              f"! dpkg -r cni-reaper 2>/tmp/refused; grep -q 'take it out' /tmp/refused; "
+              f"test -x /opt/cni/bin/cni-reaper; rm -r /etc/nomad.d /tmp/refused; "
               f"had=; [ ! -d {wants} ] || had=1; "
               f"mkdir -p {wants} && ln -s /lib/systemd/system/cni-reaper-sweep.timer {wants}/; "  # systemctl enable
               f"mkdir -p /var/lib/cni/reaper && echo x > /var/lib/cni/reaper/r-0.json && echo x > /var/log/cni-reaper.log; "
