@@ -157,6 +157,7 @@ def test_observe_mode_removes_nothing_says_what_it_would_and_clean_mode_then_rem
         lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
         would = [l for l in lines if l["msg"] == "would remove" and l["containerID"] == cid]
         assert len(would) == 1 and not [l for l in lines if l["msg"] == "removed" and l.get("containerID") == cid]
+        assert "is gone" in would[0]["why"] or "another namespace" in would[0]["why"], would[0]  # why it is dead
         assert json.loads(cli(sb, "list", "--json").stdout)[0]["state"] in ("dead", "live")
         metrics = cli(sb, "metrics", "--state-dir", "/var/lib/cni/reaper").stdout
         assert re.search(rf'cni_reaper_would_remove_total{{network="{NET}",kind="masquerade"}} [1-9]', metrics), metrics

@@ -279,16 +279,22 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         outcome.would, outcome.would_counts = seen.removed, seen.counts
         outcome.errors += seen.errors
         if store is not None and not dry_run:
-            report_observed(store, seen)
+            report_observed(store, seen, reasons(sel))
     outcome.unknown = dict(sel.view.blind)
     if journal is not None and store is not None:
         settle(store, sel, targets, outcome, time.monotonic() - started, watching, journal)
     return outcome
 
 
-def report_observed(store: Store, seen: Outcome) -> None:
+def reasons(sel: Selection) -> dict[Key, str]:
+    """Why each attachment of the selection is a target: its judgement, or that an earlier life is dead."""
+    return {j.key: j.why if j.state in SWEEPABLE else "an earlier life of it is dead" for j in sel.judged}
+
+
+def report_observed(store: Store, seen: Outcome, why: dict[Key, str] | None = None) -> None:
     """Observe mode: a "would remove" line (and the would-remove counters) per attachment and change of what it
-    would remove, not per call."""
+    would remove, not per call; with why it was judged dead (an attachment known only by its tags: by them
+    and libcni's cache, or by GC's valid list)."""
     from cni_reaper.state import counters, modes
 
     digest = modes.observed(store)
@@ -300,7 +306,8 @@ def report_observed(store: Store, seen: Outcome) -> None:
             continue
         digest[name] = mark
         keys.add(name)
-        log.info("would remove", network=k[0], containerID=k[1], ifname=k[2], items=items, mode="observe")
+        log.info("would remove", network=k[0], containerID=k[1], ifname=k[2], items=items, mode="observe",
+                 why=(why or {}).get(k, "no record: found by its tags, dead by libcni's cache or GC's valid list"))
         for (network, kind), n in seen.counts.items():
             if network == k[0]:
                 fresh[(network, kind)] = fresh.get((network, kind), 0) + n
