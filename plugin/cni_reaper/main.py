@@ -11,21 +11,16 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 
-def wrapped_name(argv0: str) -> str | None:
-    """The plugin this process stands for when it was started under another name (a link `portmap` to it);
-    None when it runs as cni-reaper (any name starting so, a Python interpreter, a module)."""
-    name = os.path.basename(argv0)
-    if not name or name.startswith(("cni-reaper", "python", "-")) or name.endswith(".py"):
-        return None
-    return name
-
-
 def main() -> int:
-    wrapped = wrapped_name(sys.argv[0] if sys.argv else "")
-    if wrapped is not None:
-        from cni_reaper.wrap.wrapper import main as wrap_main
+    argv0 = sys.argv[0] if sys.argv else ""
+    if not os.path.basename(argv0).startswith("cni-reaper"):  # perhaps run as another plugin's wrapper
+        from cni_reaper.wrap.real import wrapped_name
 
-        _exit(wrap_main(wrapped))
+        wrapped = wrapped_name(argv0)
+        if wrapped is not None:
+            from cni_reaper.wrap.wrapper import main as wrap_main
+
+            _exit(wrap_main(wrapped))
     if os.environ.get("CNI_COMMAND"):
         if os.environ.get("CNI_REAPER_STAGES"):
             _exit(_staged())

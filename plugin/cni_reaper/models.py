@@ -516,6 +516,18 @@ class RecordV1(BaseModel):
     _cni_args = field_validator("cniArgs")(classmethod(lambda cls, v: _args(v)))
 
 
+class Left(BaseModel):
+    """A dead attachment's leftovers that no sweep may take: they wait for the runtime's DEL or GC."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    at: datetime = Field(strict=False)
+    why: str = Field(max_length=MAX_TEXT)
+
+    _format = field_validator("at", mode="before")(classmethod(lambda cls, v: _record_time(v)))
+    _time = field_validator("at")(classmethod(lambda cls, v: _utc(v)))
+
+
 class Record(BaseModel):
     """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir,
     exactly as record.py writes it (every key present; record.problem() says the same in plain Python)."""
@@ -533,6 +545,7 @@ class Record(BaseModel):
     settings: Optional[Settings]
     pluginVersion: str = Field(max_length=MAX_TEXT)
     deleted: Optional[Tombstone]
+    left: Optional[Left] = None  # may be absent
 
     _cni_args = field_validator("cniArgs")(classmethod(lambda cls, v: _args(v)))
 

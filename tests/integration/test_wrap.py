@@ -71,6 +71,30 @@ def test_the_6385_sequence_leaves_nothing_and_the_final_del_succeeds(client):
     assert sb.residue(NET, cid, old + new) == []
 
 
+def test_nomads_restart_path_at_the_same_path_is_cleaned_by_the_next_sweep(client):
+    """Nomad 1.9.5+ after a failed CHECK: the netns destroyed and made again at the same path, ADD with no DEL.
+    At 0.4.0 nothing of cni-reaper runs before bridge, which refuses the re-ADD as without it (README, "Two
+    ways"); the next call on the client (another allocation's ADD) removes the old life's rules and releases
+    its reservation, and a teardown and setup of the allocation then succeeds and is reached over TCP."""
+    from testkit.nomad import reservations_dir
+
+    sb = client.sb
+    cid, netns = unique("alloc-"), sb.container()
+    old = ips_of(client.driver("add", cid, netns, PORTS))
+    name = netns.rsplit("/", 1)[1]
+    sh("ip", "netns", "del", name)
+    sh("ip", "netns", "add", name)
+    readd = client.driver("add", cid, netns, PORTS)
+    assert readd.returncode != 0 and "duplicate allocation" in readd.stderr
+    other = sb.container()
+    ips_of(client.driver("add", unique("alloc-"), other, ("8090:80/tcp",)))
+    assert [l for l in sb.residue(NET, cid, old) if cid in l] == []
+    assert not [p.name for p in reservations_dir(sb).glob("172.*") if cid in p.read_text()]
+    assert client.driver("del", cid, netns, PORTS).returncode == 0
+    ips_of(client.driver("add", cid, netns, PORTS))
+    assert sb.reach(netns, "172.26.64.1", 8080, "after restart") == "after restart"
+
+
 def test_an_allocation_that_died_without_del_gives_its_port_to_the_next(client):
     sb = client.sb
     dead, a = unique("alloc-"), sb.container()

@@ -35,6 +35,7 @@ def text(*attachments: tuple[str, str, int]) -> str:
 
 @pytest.fixture
 def conf(tmp_path):
+    (tmp_path / "ipam" / NET).mkdir(parents=True)  # host-local keeps the network's addresses there
     return parse({"name": NET, "stateDir": str(tmp_path / "s"), "ipamDataDir": str(tmp_path / "ipam"), "logFile": ""})
 
 
@@ -53,6 +54,23 @@ def settings(conf, backend_for, dry_run: bool = False) -> Settings:
 def run(conf, fake: FakeBackend, targets=None, dry_run: bool = False):
     targets = targets if targets is not None else [target(c, ip) for c, ip, _ in DEAD]
     return clean(targets, {}, settings(conf, lambda key: fake if key in (4, 6) else None, dry_run))
+
+
+def test_without_host_local_nothing_tied_to_the_address_goes_but_for_the_runtimes_word(conf, tmp_path):
+    """An IPAM that keeps no reservations (no network directory): nothing shows who else holds a dead address,
+    or whether the container's next life is being made with it, so a sweep leaves its rules and its chains
+    and says why (outcome.waiting); the runtime's own word (its DEL, GC) removes them."""
+    (tmp_path / "ipam" / NET).rmdir()
+    fake = FakeBackend(text(*DEAD, LIVE))
+    before = dict(fake.text)
+    outcome = run(conf, fake)
+    assert fake.text == before and not outcome.removed
+    assert set(outcome.waiting) == {(NET, c, "eth0") for c, _, _ in DEAD}
+    assert all("reservation" in why for why in outcome.waiting.values())
+    said = [Target(NET, c, "eth0", frozenset({ip}), whole=True, by_runtime=True) for c, ip, _ in DEAD]
+    outcome = run(conf, fake, said)
+    assert set(outcome.removed) == {(NET, c, "eth0") for c, _, _ in DEAD} and not outcome.waiting
+    assert fake.text[4] == text(LIVE)
 
 
 def test_one_transaction_removes_exactly_the_dead(conf):

@@ -20,9 +20,14 @@ For a dead life, then:
 - its container's chains (the masquerade and DNAT chains, tagged rules of any address) go only when no other
   life of the container is live, unknown, being deleted or reserved;
 - its reservation of an address goes only when the file there is its own.
-A life whose IPAM is not host-local (no reservation recorded) and whose netns path now holds a newer
-namespace may have a new life forming there that no reservation can show: nothing of it goes until that
-life is recorded or its namespace is gone.
+All of that rests on host-local governing the address: the dead life recorded its reservation of it, or
+host-local keeps its network in a directory known here. An address no reservation governs (an IPAM that
+keeps none: static, dhcp; a data directory cni-reaper is not told of) has holders nobody can see: another
+attachment given the same address, a new life of the same container being made with the same tags and
+address. Then nothing tied to the address goes, and none of the container's chains, unless the runtime
+itself said the attachment is over (its DEL, GC's valid list: `Target.by_runtime`); the reason is said.
+Likewise a life whose netns path now holds a newer namespace and that recorded no reservation
+(`Target.forming`).
 """
 
 from __future__ import annotations
@@ -60,7 +65,10 @@ class Claims:
         self.by_container: dict[tuple[str, str], list[Reservation]] = {}
         wanted_networks = {t.network for t in targets}
         wanted_ips = {ip for t in targets for ip in t.dead_ips}
+        self.host_local: set[str] = set()  # the networks host-local keeps in a directory known here
         for d in {id(d): d for d in dirs}.values():
+            if d.fd is not None:
+                self.host_local.add(d.network)
             found = d.all() if d.network in wanted_networks else [r for r in map(d.get, sorted(wanted_ips)) if r]
             for r in found:
                 self.by_ip.setdefault(r.ip, []).append(r)
@@ -81,16 +89,25 @@ class Claims:
             holders = {k for k in holders if (k[0], k[1]) == (t.network, t.container_id)}
         return bool(holders - {t.key}) or (not t.whole and t.key in holders)
 
+    def governed(self, t: Target, ip: str) -> bool:
+        """Whether host-local's reservations can show every holder of `ip` in t's network: the dead life
+        recorded its reservation of it, or host-local keeps t's network in a directory known here (or the
+        runtime said the attachment is over)."""
+        if t.by_runtime or t.network in self.host_local:
+            return True
+        e = t.expect.get(ip)
+        return e is not None and e.ident is not None
+
     def ip_free(self, t: Target, ip: str) -> bool:
         """No one else holds `ip`: its untagged rules and conntrack entries may go."""
-        if t.forming or self._held_by_others(t, ip, kin_only=False):
+        if t.forming or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=False):
             return False
         return all(own(t, r) for r in self.by_ip.get(ip, []))
 
     def kin_free(self, t: Target, ip: str) -> bool:
         """No other life of t's container holds `ip`: its rules tagged with the container and tied to the
         address may go."""
-        if t.forming or self._held_by_others(t, ip, kin_only=True):
+        if t.forming or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=True):
             return False
         return all(self._own_by_kin(t, r) for r in self.by_ip.get(ip, []) if r.owner[0] == t.container_id)
 
@@ -100,7 +117,7 @@ class Claims:
 
     def container_free(self, t: Target) -> bool:
         """No other life of t's container is live, unknown, being deleted or reserved: its chains may go."""
-        if t.forming:
+        if t.forming or not (t.by_runtime or any(self.governed(t, ip) for ip in t.dead_ips)):
             return False
         others = self.holder_containers.get((t.network, t.container_id), set()) - {t.key}
         if others or (not t.whole and t.key in self.holders):
@@ -114,6 +131,30 @@ class Claims:
     def why_kept(self, t: Target, ip: str) -> str:
         if t.forming:
             return "its netns path holds a newer namespace: a new life may be forming there"
+        if not self.governed(t, ip):
+            return ("no host-local reservation of it was recorded or is there (its IPAM keeps none): nothing shows "
+                    "who else holds it, or whether a new life of the container is being made with it; the "
+                    "runtime's DEL or GC removes it")
+        return self._why_held(t, ip)
+
+    def unseen(self, t: Target) -> str | None:
+        """Why what t left must wait for the runtime's DEL or GC (None: the claims can see every holder)."""
+        if t.by_runtime:
+            return None
+        blind = sorted(ip for ip in t.dead_ips if not self.governed(t, ip))
+        if t.forming or blind:
+            return self.why_kept(t, blind[0] if blind else "")
+        if t.whole and not any(self.governed(t, ip) for ip in t.dead_ips):
+            return self.why_chains_kept(t)
+        return None
+
+    def why_chains_kept(self, t: Target) -> str:
+        if t.forming or not (t.by_runtime or any(self.governed(t, ip) for ip in t.dead_ips)):
+            return ("its chains stay: no host-local reservation shows whether a new life of the container is "
+                    "being made (the runtime's DEL or GC removes them)")
+        return "its chains stay, another life of it is there"
+
+    def _why_held(self, t: Target, ip: str) -> str:
         others = sorted(self.holder_ips.get(ip, set()) - {t.key})
         if others:
             return f"held by {others[0][1]} ({others[0][0]})"

@@ -94,7 +94,10 @@ def _narrow(targets: list[Target], claims: Claims, outcome: Outcome) -> tuple[li
         for ip in sorted(t.dead_ips - kin_free):
             outcome.skipped.append(f"{t.network} {t.container_id} {ip}: {claims.why_kept(t, ip)}")
         if t.whole and not whole:
-            outcome.skipped.append(f"{t.network} {t.container_id}: its chains stay, another life of it is there")
+            outcome.skipped.append(f"{t.network} {t.container_id}: {claims.why_chains_kept(t)}")
+        unseen = claims.unseen(t)
+        if unseen is not None:
+            outcome.waiting[t.key] = unseen
     return narrowed, protected
 
 

@@ -44,9 +44,10 @@ if TYPE_CHECKING:
 from cni_reaper.reap import probes
 
 LIVE, DEAD, UNKNOWN = "live", "dead", "unknown"
+LEFT = "left"  # dead, but what it left no sweep may take (claims.py): it waits for the runtime's DEL or GC
 DONE, EXPIRED, WAIT = "tombstone-done", "tombstone-expired", "tombstone-wait"
 SWEEPABLE = (DEAD, DONE, EXPIRED)  # what a sweep cleans and then drops
-HOLDING = (LIVE, UNKNOWN, WAIT)  # what keeps its addresses and its container protected
+HOLDING = (LIVE, UNKNOWN, WAIT, LEFT)  # what keeps its addresses and its container protected
 TOMBSTONE_GRACE_SECONDS = 60.0
 
 
@@ -85,7 +86,7 @@ class View:
     def __init__(self, host: probes.Host | None = None) -> None:
         self.host = host or probes.host()
         self._dirs: dict[str, tuple | None] = {}
-        self._groups: dict[tuple[str, str], frozenset[int]] = {}
+        self._groups: dict[tuple[str, str, tuple[bytes, ...]], frozenset[int]] = {}
         self.blind: dict[str, int] = {}
 
     def dir_now(self, path: str) -> tuple | None:
@@ -94,17 +95,19 @@ class View:
             self._dirs[path] = (d["dev"], d["ino"]) if d else None
         return self._dirs[path]
 
-    def groups(self, where: str, mountinfo: str = "/proc/self/mountinfo") -> frozenset[int]:
-        k = (where, mountinfo)
+    def groups(self, where: str, mountinfo: str = "/proc/self/mountinfo",
+               kinds: tuple[bytes, ...] = probes.RECEIVES) -> frozenset[int]:
+        k = (where, mountinfo, kinds)
         if k not in self._groups:
-            self._groups[k] = frozenset(probes.mount_groups(where, mountinfo) or ())
+            self._groups[k] = frozenset(probes.mount_groups(where, mountinfo, kinds) or ())
         return self._groups[k]
 
     def sees_mounts_of(self, f: Facts, where: str) -> bool:
         """Whether a namespace mounted in `where` where the life was recorded is mounted here too: the same
-        mount namespace, or a mount of `where` in one of the peer groups the recorded one was in (mounts
-        propagate to every member and slave of a group). A record of cni-reaper 0.2 names no mount namespace:
-        its runtime is taken to be where PID 1 is."""
+        mount namespace, or a mount of `where` here that is a member or a slave of the peer group the recorded
+        mount was a member of (a mount propagates to every member and slave of its group, never to the group
+        a slave's master is in). A record of cni-reaper 0.2 names no mount namespace: its runtime is taken to
+        be where PID 1 is."""
         if f.mnt is not None:
             if f.mnt == self.host.mnt:
                 return True
@@ -112,7 +115,7 @@ class View:
         init = probes.init_mnt()
         if init is not None and init == self.host.mnt:
             return True
-        return bool(self.groups(where) & self.groups(where, "/proc/1/mountinfo"))
+        return bool(self.groups(where) & self.groups(where, "/proc/1/mountinfo", probes.SENDS))
 
     def note(self, why: str) -> None:
         self.blind[why] = self.blind.get(why, 0) + 1

@@ -101,7 +101,7 @@ def not_valid(conf: Any, recorded: set[tuple[str, str]], valid: Callable[[str], 
             continue
         expect = {ip: Expect(conf.ipamDataDir, (cid, "")) for ip in addresses}
         out.append(Target(network, cid, "", frozenset(addresses), whole=True, any_source=True, expect=expect,
-                          backend=conf.backend, cache_dir=conf.cniCacheDir))
+                          backend=conf.backend, cache_dir=conf.cniCacheDir, by_runtime=True))
     return out
 
 
@@ -118,5 +118,5 @@ def unheld_reservations(conf: Any, still_used: Callable[[str, str], bool]) -> li
     return [Target(conf.name, r.owner[0], r.owner[1], frozenset({r.ip}), whole=True,
                    parts=frozenset({"reservation", "conntrack"}),
                    expect={r.ip: Expect(conf.ipamDataDir, r.owner, r.ident)}, backend=conf.backend,
-                   cache_dir=conf.cniCacheDir)
+                   cache_dir=conf.cniCacheDir, by_runtime=True)
             for r in held if not still_used(*r.owner)]

@@ -21,6 +21,7 @@ class Outcome:
     unknown: dict[str, int] = field(default_factory=dict)  # why something could not be judged -> how many
     would: dict[Key, list[str]] = field(default_factory=dict)  # observe mode: what would have been removed
     would_counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    waiting: dict[Key, str] = field(default_factory=dict)  # left for the runtime's DEL or GC, and why (claims)
 
     @property
     def backend(self) -> str:
@@ -55,3 +56,4 @@ class Outcome:
             self.would.setdefault(k, []).extend(items)
         for k2, n in other.would_counts.items():
             self.would_counts[k2] = self.would_counts.get(k2, 0) + n
+        self.waiting.update(other.waiting)

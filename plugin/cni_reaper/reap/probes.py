@@ -127,10 +127,17 @@ def netns_dir(path: str) -> str:
     return os.path.dirname(path.rstrip("/")) or "/"
 
 
-def mount_groups(directory: str, mountinfo: str = "/proc/self/mountinfo") -> list[int] | None:
-    """The peer groups (`shared:N`, `master:N` in mountinfo) of the mount that `directory` is on, as the process
-    whose mountinfo it is sees it: a namespace mounted in that directory by any member of such a group is seen
-    by every member and slave of it. [] for a private mount; None when mountinfo cannot be read."""
+SENDS = (b"shared",)  # a mount made on a member of a peer group propagates to every member and slave of it
+RECEIVES = (b"shared", b"master")  # a mount receives what its own peer group, and the group it is a slave of, get
+
+
+def mount_groups(directory: str, mountinfo: str = "/proc/self/mountinfo",
+                 kinds: tuple[bytes, ...] = RECEIVES) -> list[int] | None:
+    """The peer groups of the mount that `directory` is on, as the process whose mountinfo it is sees it:
+    with SENDS, the group it is a member of (`shared:N`): a namespace mounted there reaches every member and
+    slave of N; with RECEIVES, also the group it is a slave of (`master:N`): it sees what is mounted in N. A
+    slave's master is never sent to: mounts made in a slave do not propagate up. [] for a private mount; None
+    when mountinfo cannot be read."""
     try:
         with open(mountinfo, "rb") as f:
             data = f.read()
@@ -145,17 +152,17 @@ def mount_groups(directory: str, mountinfo: str = "/proc/self/mountinfo") -> lis
         point = fields[4].decode(errors="replace").replace("\\040", " ")
         inside = target == point or target.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= best:  # the longest covering mount point; the last of equals is on top
-            best, groups = len(point), _tags(fields[6:])
+            best, groups = len(point), _tags(fields[6:], kinds)
     return groups
 
 
-def _tags(optional: list[bytes]) -> list[int]:
+def _tags(optional: list[bytes], kinds: tuple[bytes, ...]) -> list[int]:
     out = []
     for field in optional:
         if field == b"-":
             break
         name, _, n = field.partition(b":")
-        if name in (b"shared", b"master") and n.isdigit():
+        if name in kinds and n.isdigit():
             out.append(int(n))
     return out
 
@@ -184,7 +191,7 @@ def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
         where = netns_dir(netns_path)
         directory = dir_id(where)
         if directory is not None:
-            directory["groups"] = mount_groups(where) or []
+            directory["groups"] = mount_groups(where, kinds=SENDS) or []
     return {"netnsId": netns_id(netns_path), "netnsDir": directory, "host": h.as_record(), "veth": veth}
 
 

@@ -29,6 +29,7 @@ from cni_reaper.reap.evidence import (
     DEAD,
     DONE,
     HOLDING,
+    LEFT,
     LIVE,
     SWEEPABLE,
     UNKNOWN,
@@ -72,7 +73,9 @@ def judge_record(record: dict[str, Any], view: View, cache_dir: str) -> tuple[st
     f = Facts.of_life(record["current"])
     dead = record["deleted"]
     if dead is None:
-        return judge_life(f, view)
+        state, why = judge_life(f, view)
+        left = record.get("left")
+        return (LEFT, left["why"]) if left and state == DEAD else (state, why)
     cached_now = cache.exists(cache_dir, *key(record))
     return judge_tombstone(f, parse_time(dead["at"]), dead["cached"], cached_now, view)
 
@@ -80,18 +83,20 @@ def judge_record(record: dict[str, Any], view: View, cache_dir: str) -> tuple[st
 def judge_entry(e: Entry, view: View, cache_dir: str) -> str:
     f = Facts.of_entry(e)
     if e.deleted_at is None:
-        return judge_life(f, view)[0]
+        state = judge_life(f, view)[0]
+        return LEFT if e.left and state == DEAD else state
     return judge_tombstone(f, e.deleted_at, e.cached, cache.exists(e.cache_dir or cache_dir, *e.key), view)[0]
 
 
 class Judged:
     """A record and what was judged of it (and of each of its earlier lives)."""
 
-    __slots__ = ("earlier", "record", "settings", "state", "why")
+    __slots__ = ("by_runtime", "earlier", "record", "settings", "state", "why")
 
     def __init__(self, record: dict[str, Any], state: str, why: str, settings: Settings | None,
-                 earlier: list[tuple[str, str]]) -> None:
+                 earlier: list[tuple[str, str]], by_runtime: bool = False) -> None:
         self.record, self.state, self.why, self.settings, self.earlier = record, state, why, settings, earlier
+        self.by_runtime = by_runtime  # the verdict is the runtime's word (its DEL of it, GC's valid list)
 
     @property
     def key(self) -> Key:
@@ -133,7 +138,7 @@ def _judge(sel: Selection, r: dict[str, Any], confs: dict[str, Any], default: An
         sel.view.note(why)
     if s is not None:
         sel.data_dirs.append(s.ipam_dir)
-    return Judged(r, state, why, s, earlier)
+    return Judged(r, state, why, s, earlier, by_runtime=verdict is not None and state == DEAD)
 
 
 def select(records: Iterable[dict[str, Any]], view: View, confs: dict[str, Any], default: Any,
@@ -219,7 +224,7 @@ def dead_target(j: Judged, view: View, keep_masq_chain: bool = False, parts: Ite
     whole = len(lives) == 1 + len(r["earlier"])
     return Target(*key(r), frozenset(ips(*lives)), whole=whole, keep_masq_chain=keep_masq_chain,
                   parts=frozenset(parts) if parts is not None else PARTS, expect=expect, backend=s.backend,
-                  cache_dir=s.cache_dir, forming=_forming(r["current"]) and r["deleted"] is None)
+                  cache_dir=s.cache_dir, forming=_forming(r["current"]) and not j.by_runtime, by_runtime=j.by_runtime)
 
 
 def earlier_target(j: Judged, view: View) -> Target | None:
@@ -316,6 +321,19 @@ def report_observed(store: Store, seen: Outcome, why: dict[Key, str] | None = No
         counters.add_would(store, fresh)
 
 
+def _left_for_the_runtime(store: Store, j: Judged, outcome: Outcome, watching: set[str]) -> bool:
+    """A dead attachment whose leftovers the claims could not give to the sweep (no reservation shows who else
+    holds them): its record stays, marked, for the runtime's DEL or GC, and no sweep looks at it again."""
+    from cni_reaper.state.record import left
+
+    why = outcome.waiting.get(j.key)
+    if why is None or j.state != DEAD or j.record["deleted"] is not None or j.key[0] in watching:
+        return False
+    store.save(dict(j.record, left=left(why)))
+    log.info("left for the runtime's DEL or GC", network=j.key[0], containerID=j.key[1], ifname=j.key[2], why=why)
+    return True
+
+
 def _settle_one(store: Store, j: Judged, watching: set[str], journal: Journal) -> bool:
     """Drop (True when it was a dead attachment's) or trim one record whose clean-up went through, the record
     as it was journaled first (undo puts it back)."""
@@ -347,6 +365,8 @@ def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome
 
     cleaned: dict[str, int] = {}
     for j in sel.judged:
+        if _left_for_the_runtime(store, j, outcome, watching):
+            continue
         dropped = j.key not in outcome.kept and _settle_one(store, j, watching, journal)
         if dropped and (j.state != DONE or j.key in outcome.removed):  # a DEL that went well is no dead attachment
             cleaned[j.key[0]] = cleaned.get(j.key[0], 0) + 1

@@ -47,6 +47,7 @@ class Target:
     backend: str = "auto"  # the attachment's iptables backend setting
     cache_dir: str = ""  # libcni's cache the attachment's runtime uses ("" unknown)
     forming: bool = False  # its path holds a newer namespace and no reservation can tell: a new life may be forming
+    by_runtime: bool = False  # the runtime said the attachment is over (its own DEL, GC's valid list)
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -22,7 +22,7 @@ from cni_reaper.state.record import parse_time
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
 JOURNAL_MAX = 64  # lines, before the index is written whole again
-VERSION = 3
+VERSION = 4
 MAX_BYTES = 64 << 20
 
 
@@ -39,15 +39,17 @@ class Entry:
     """One record's entry (a slotted class: `dataclasses` costs milliseconds to import on the hot path)."""
 
     __slots__ = ("cache_dir", "cached", "cid", "deleted_at", "dir", "earlier", "host", "ifname", "ino", "ips",
-                 "netns", "network", "ns", "verify", "veth")
+                 "left", "netns", "network", "ns", "verify", "veth")
 
     def __init__(self, ino: int, network: str, cid: str, ifname: str, netns: str, ns: tuple | None, dir_: tuple | None,
                  host: dict[str, Any] | None, veth: dict[str, Any] | None, deleted_at: float | None,
-                 cached: bool | None, verify: bool, earlier: bool, ips: list[str], cache_dir: str | None) -> None:
+                 cached: bool | None, verify: bool, earlier: bool, ips: list[str], cache_dir: str | None,
+                 left: bool = False) -> None:
         self.ino, self.network, self.cid, self.ifname, self.netns = ino, network, cid, ifname, netns
         self.ns, self.dir, self.host, self.veth = ns, dir_, host, veth
         self.deleted_at, self.cached, self.verify, self.earlier = deleted_at, cached, verify, earlier
         self.ips, self.cache_dir = ips, cache_dir
+        self.left = left  # its leftovers wait for the runtime's DEL or GC (record.left)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -62,7 +64,7 @@ class Entry:
                    cur["host"], cur["veth"], parse_time(dead["at"]) if dead is not None else None,
                    dead["cached"] if dead is not None else None, dead["verify"] if dead is not None else False,
                    bool(record["earlier"]), sorted(ip["address"] for ip in cur["ips"]),
-                   s["cniCacheDir"] if s else None)
+                   s["cniCacheDir"] if s else None, bool(record.get("left")))
 
     def to_list(self) -> list[Any]:
         h, v = self.host, self.veth
@@ -70,13 +72,13 @@ class Entry:
         return [self.ino, self.network, self.cid, self.ifname, self.netns, list(self.ns) if self.ns else None,
                 [d[0], d[1], list(d[2])] if d else None, [h["boot"], h["machine"], h["netns"], h["mnt"]] if h else None,
                 [v["name"], v["ifindex"]] if v else None, self.deleted_at, self.cached, self.verify, self.earlier,
-                self.ips, self.cache_dir]
+                self.ips, self.cache_dir, self.left]
 
     @classmethod
     def of_list(cls, v: Any) -> Entry | None:
         """The entry a line of the index holds, or None when it is not one."""
         try:
-            ino, network, cid, ifname, netns, ns, dir_, host, veth, at, cached, verify, earlier, ips, cache_dir = v
+            ino, network, cid, ifname, netns, ns, dir_, host, veth, at, cached, verify, earlier, ips, cache_dir, left = v
         except (TypeError, ValueError):
             return None
         if not (_is_int(ino) and all(isinstance(x, str) for x in (network, cid, ifname, netns))
@@ -90,12 +92,13 @@ class Entry:
                 and (at is None or (isinstance(at, (int, float)) and not isinstance(at, bool)))
                 and cached in (None, True, False) and verify in (True, False) and earlier in (True, False)
                 and isinstance(ips, list) and all(isinstance(x, str) for x in ips)
-                and (cache_dir is None or isinstance(cache_dir, str))):
+                and (cache_dir is None or isinstance(cache_dir, str)) and left in (True, False)):
             return None
         return cls(ino, network, cid, ifname, netns, tuple(ns) if ns else None,
                    (dir_[0], dir_[1], tuple(dir_[2])) if dir_ else None,
                    {"boot": host[0], "machine": host[1], "netns": host[2], "mnt": host[3]} if host else None,
-                   {"name": veth[0], "ifindex": veth[1]} if veth else None, at, cached, verify, earlier, ips, cache_dir)
+                   {"name": veth[0], "ifindex": veth[1]} if veth else None, at, cached, verify, earlier, ips, cache_dir,
+                   left)
 
 
 class Index:

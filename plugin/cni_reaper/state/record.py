@@ -217,6 +217,12 @@ def tombstone(netns_gone: bool, had_prev_result: bool, had_port_mappings: bool, 
             "hadPortMappings": had_port_mappings, "verify": verify, "cached": cached}
 
 
+def left(why: str) -> dict[str, Any]:
+    """A dead attachment's leftovers that no sweep may take (nothing shows they are not a new life's, or
+    another attachment's: README, "Evidence"): they wait for the runtime's DEL or GC, and why."""
+    return {"at": iso_now(), "why": why[:MAX_TEXT]}
+
+
 def key(record: Record) -> tuple[str, str, str]:
     return (record["network"], record["containerID"], record["ifname"])
 
@@ -282,6 +288,8 @@ _RECORD = {1: frozenset(("schema", "network", "containerID", "ifname", "current"
                          "pluginVersion", "deleted")),
            2: frozenset(("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs", "settings",
                          "pluginVersion", "deleted"))}
+_RECORD_OPTIONAL = {1: frozenset(), 2: frozenset(("left",))}
+_LEFT = frozenset(("at", "why"))
 _SETTINGS = frozenset(("ipamDataDir", "cniCacheDir", "backend"))
 _TOMBSTONE = {1: frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings")),
               2: frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings", "verify", "cached"))}
@@ -372,8 +380,11 @@ def problem(data: Any) -> str | None:
     if not isinstance(data, dict) or not _is_int(data.get("schema")) or data["schema"] not in SCHEMAS:
         return f"not a record of schema {' or '.join(map(str, SCHEMAS))}"
     schema = data["schema"]
-    if not _keys(data, _RECORD[schema]):
+    if not _keys(data, _RECORD[schema], _RECORD_OPTIONAL[schema]):
         return "not an object with exactly the record's keys"
+    left = data.get("left")
+    if left is not None and not (_keys(left, _LEFT) and _time_ok(left["at"]) and _text(left["why"])):
+        return "bad left"
     head = _head_problem(data, schema)
     if head:
         return head

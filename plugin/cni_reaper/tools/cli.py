@@ -216,7 +216,8 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-STATE_WORDS = {"live": "live", "dead": "dead", "unknown": "unknown", "tombstone-done": "torn down",
+STATE_WORDS = {"live": "live", "dead": "dead", "unknown": "unknown", "left": "dead (left for the runtime's DEL or GC)",
+               "tombstone-done": "torn down",
                "tombstone-expired": "torn down (DEL failed)", "tombstone-wait": "torn down (DEL running)"}
 
 
@@ -384,7 +385,7 @@ def _print_sweep(args, groups: dict, count: int, total, backends: dict) -> None:
 
 
 def cmd_metrics(args) -> int:
-    from cni_reaper.reap.evidence import DEAD, EXPIRED, LIVE, UNKNOWN, View
+    from cni_reaper.reap.evidence import DEAD, EXPIRED, LEFT, LIVE, UNKNOWN, View
     from cni_reaper.state.counters import load as load_counters
     from cni_reaper.state.record import key
     from cni_reaper.state.store import Store
@@ -393,7 +394,7 @@ def cmd_metrics(args) -> int:
     contexts, skipped = _contexts(args)
     counters: list[dict] = []
     records: dict[tuple[str, str], int] = {}
-    word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead", UNKNOWN: "unknown"}
+    word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead", UNKNOWN: "unknown", LEFT: "left"}
     view = View()
     for state_dir, group in _by_state_dir(contexts).items():
         if not os.path.isdir(state_dir):

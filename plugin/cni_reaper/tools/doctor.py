@@ -212,7 +212,7 @@ def check_log_file(network: str, path: str) -> Finding:
 
 
 def check_records(state_dir: str, networks: list[str], states: list[tuple[str, str]]) -> Finding:
-    from cni_reaper.reap.evidence import DEAD, EXPIRED, LIVE, UNKNOWN
+    from cni_reaper.reap.evidence import DEAD, EXPIRED, LEFT, LIVE, UNKNOWN
 
     label = ", ".join(networks)
     if not os.path.isdir(state_dir):
@@ -227,6 +227,11 @@ def check_records(state_dir: str, networks: list[str], states: list[tuple[str, s
     if dead:
         return Finding(WARN, "dead-records", label, f"{dead} dead attachment(s) in {state_dir} wait for a sweep "
                        f"({live} live)", "the next CNI call on this client cleans them, or now: cni-reaper sweep --apply")
+    left = [why for s, why in states if s == LEFT]
+    if left:
+        return Finding(WARN, "dead-records", label, f"{len(left)} dead attachment(s) in {state_dir} left for the "
+                       f"runtime's DEL or GC: {left[0]}", "nothing removes them but the runtime's DEL or GC (Nomad: "
+                       "stop the allocation); or remove them by hand (cni-reaper list shows which)")
     return Finding(OK, "dead-records", label,
                    f"no dead records in {state_dir} ({live} live, {len(states) - live} torn down)")
 
@@ -412,7 +417,6 @@ def nomad_cni_path(directory: str = NOMAD_CONFIG_DIR) -> tuple[list[str], str] |
 
 def wrappers(cni_path: list[str]) -> list[tuple[str, str]]:
     """(directory, name) of every link to cni-reaper on the path under another plugin's name."""
-    from cni_reaper.main import wrapped_name
     from cni_reaper.wrap import real
 
     own = real.own_identities()
@@ -423,7 +427,7 @@ def wrappers(cni_path: list[str]) -> list[tuple[str, str]]:
         except OSError:
             continue
         for name in names:
-            if wrapped_name(name) is not None and real._ident(os.path.join(d, name)) in own:
+            if real.wrapped_name(name) is not None and real._ident(os.path.join(d, name)) in own:
                 out.append((d, name))
     return out
 

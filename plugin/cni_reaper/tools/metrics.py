@@ -84,15 +84,9 @@ def exposition(counters: dict, records: dict[tuple[str, str], int], networks: li
            [("", {"network": n}, counters["failures"].get(n, 0)) for n in shown])
     family("cni_reaper_cleanup_errors_total", "counter",
            "Errors met while cleaning up (see the log file for each).", [("", {}, counters["errors"])])
-    samples: list[tuple[str, dict, float]] = []
-    for verb, s in sorted(counters["sweeps"].items()):
-        for bound, n in zip(BUCKETS, s["buckets"]):
-            samples.append(("_bucket", {"verb": verb, "le": repr(bound)}, n))
-        samples.append(("_bucket", {"verb": verb, "le": "+Inf"}, s["count"]))
-        samples.append(("_sum", {"verb": verb}, float(s["sum"])))
-        samples.append(("_count", {"verb": verb}, s["count"]))
     family("cni_reaper_sweep_duration_seconds", "histogram",
-           "Sweeps that cleaned something, by the verb (ADD, DEL, CHECK, STATUS, GC, sweep) that ran them.", samples)
+           "Sweeps that cleaned something, by the verb (ADD, DEL, CHECK, STATUS, GC, sweep) that ran them.",
+           _sweep_samples(counters))
     family("cni_reaper_last_sweep_timestamp_seconds", "gauge",
            "When a sweep last cleaned something (0: never).", [("", {}, float(counters["lastSweep"] or 0))])
     family("cni_reaper_last_failure_timestamp_seconds", "gauge",
@@ -100,12 +94,24 @@ def exposition(counters: dict, records: dict[tuple[str, str], int], networks: li
     family("cni_reaper_counters_since_timestamp_seconds", "gauge",
            "When the counters started (they restart if the state directory's .metrics is lost).",
            [("", {}, float(counters["since"]))])
-    states = ("live", "dead", "unknown", "torn_down")
+    states = ("live", "dead", "unknown", "left", "torn_down")
     family("cni_reaper_records", "gauge",
            "Records by state: live (netns alive), dead (netns gone: cleaned on the next sweep), unknown (cannot be "
-           "judged from where the metrics were read), torn_down (DEL ran).",
+           "judged from where the metrics were read), left (dead, its leftovers wait for the runtime's DEL or GC), "
+           "torn_down (DEL ran).",
            [("", {"network": n, "state": st}, records.get((n, st), 0)) for n in shown for st in states])
     return "\n".join(lines) + "\n"
+
+
+def _sweep_samples(counters: dict) -> list[tuple[str, dict, float]]:
+    samples: list[tuple[str, dict, float]] = []
+    for verb, s in sorted(counters["sweeps"].items()):
+        for bound, n in zip(BUCKETS, s["buckets"]):
+            samples.append(("_bucket", {"verb": verb, "le": repr(bound)}, n))
+        samples.append(("_bucket", {"verb": verb, "le": "+Inf"}, s["count"]))
+        samples.append(("_sum", {"verb": verb}, float(s["sum"])))
+        samples.append(("_count", {"verb": verb}, s["count"]))
+    return samples
 
 
 def write_textfile(directory: str, text: str) -> str:

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.cni.shell import Invocation
+    from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
 
 from cni_reaper import log
@@ -58,7 +59,7 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
 
     s = settings_of(record, {conf.name: conf}) or Settings.of_conf(conf)
     earlier = [judge_life(Facts.of_life(inc), view) for inc in record["earlier"]]
-    j = Judged(record, DEAD, "DEL", s, earlier)
+    j = Judged(record, DEAD, "DEL", s, earlier, by_runtime=True)
     if not same:
         lives = [record["current"], *record["earlier"]]
         return [dead_target(j, view, keep_masq_chain=probes.netns_id(inv.netns) is not None,
@@ -71,6 +72,18 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
         if t is not None:
             targets.append(t)
     return targets
+
+
+def _finished(record: dict[str, Any], outcome: Outcome | None) -> bool:
+    """Whether this DEL's own clean-up removed everything it was to remove: then its tombstone needs no second
+    look, which could only find a new life of the same container by then (same chains, perhaps the same
+    address). Not when something failed, could not be looked at, was left on purpose, or only observed."""
+    if outcome is None:
+        return False
+    k = key(record)
+    mine = f"{k[0]} {k[1]}"
+    return (k not in outcome.kept and k not in outcome.would and not outcome.errors
+            and not any(m == mine or m.startswith(mine + " ") or m.startswith(mine + ":") for m in outcome.skipped))
 
 
 def run(inv: Invocation) -> None:
@@ -98,7 +111,10 @@ def run(inv: Invocation) -> None:
             exclude = frozenset({key(record)}) if record is not None else frozenset()
             from cni_reaper.reap.sweep import sweep_quietly
 
-            sweep_quietly(store, conf, exclude=exclude, extra=extra, view=view)
+            outcome = sweep_quietly(store, conf, exclude=exclude, extra=extra, view=view)
+            if record is not None and extra and _finished(record, outcome):
+                record["deleted"] = dict(record["deleted"], verify=False)
+                store.save(record)
     except CniError as err:
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.
         log.warn("DEL could not use the state directory; continuing", error=err.msg, details=err.details)

@@ -17,6 +17,15 @@ if TYPE_CHECKING:
 DEFAULT_PATH = ("/opt/cni/bin", "/usr/libexec/cni", "/usr/lib/cni")
 
 
+def wrapped_name(argv0: str) -> str | None:
+    """The plugin this process stands for when it was started under another name (a link `portmap` to it);
+    None when it runs as cni-reaper (any name starting so, a Python interpreter, a module)."""
+    name = os.path.basename(argv0)
+    if not name or name.startswith(("cni-reaper", "python", "-")) or name.endswith(".py"):
+        return None
+    return name
+
+
 def _ident(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
