@@ -212,12 +212,18 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
                 run(BINARY, cni_env("STATUS"), status_conf(tmp))  # settle the tombstone outside the next measurement
             run.close()
             chain = bench_chain(sb, pairs)
+            wrap = bench_wrap(sb, pairs)
     samples = {**adds, **dels, "cni-reaper DEL cleaning one dead attachment": dead_dels}
     med = {name: median_ms([r["s"] for r in rs]) for name, rs in samples.items()}
     rss = {name: round(max(r["kib"] for r in rs) / 1024, 1) for name, rs in samples.items()}
     stage_med = {k: round(statistics.median(s[k] for s in stages), 2) for k in stages[0]}
     return {"flavour": flavour, "medians_ms": med, "peak_rss_mib": rss, "stages_ms": stage_med, "chain_ms": chain,
+            "wrap_ms": wrap,
             "ratios": {
+                "bridge ADD share, wrapper": round(wrap["ADD with the wrapper"] / wrap["ADD without"] - 1, 3),
+                "bridge ADD share, chained last": round(wrap["ADD with cni-reaper chained last"] / wrap["ADD without"] - 1, 3),
+                "bridge DEL share, wrapper": round(wrap["DEL with the wrapper"] / wrap["DEL without"] - 1, 3),
+                "bridge DEL share, chained last": round(wrap["DEL with cni-reaper chained last"] / wrap["DEL without"] - 1, 3),
                 "ADD / portmap ADD": round(med["cni-reaper ADD"] / med["portmap ADD"], 3),
                 "DEL nothing stale / portmap DEL": round(med["cni-reaper DEL, nothing stale"] / med["portmap DEL"], 3),
                 "ADD with 1,000 live records - ADD (ms)": round(med["cni-reaper ADD, 1,000 live records"] - med["cni-reaper ADD"], 2),
@@ -258,6 +264,51 @@ def bench_chain(sb: Sandbox, pairs: int) -> dict:
             assert proc.returncode == 0, proc.stderr
             sb.driver("del", cid, netns, ("8080:80/tcp", "8080:80/udp"), cl)
             sb.remove_container(netns)
+    return {name: median_ms(xs) for name, xs in samples.items()}
+
+
+def bench_wrap(sb: Sandbox, pairs: int) -> dict:
+    """Nomad's own bridge network (its conflist exactly, cniVersion 0.4.0) through go-cni, ADD and then DEL with
+    nothing stale: as Nomad runs it, with cni-reaper's wrapper first on the plugin path (wrap mode), and with
+    cni-reaper appended to the same conflist (chained last, as a cni/ network has it)."""
+    from testkit.nomad import bridge_conflist
+
+    plain_doc = bridge_conflist()
+    chained_doc = json.loads(json.dumps(plain_doc))
+    chained_doc["plugins"].append({"type": "cni-reaper", "capabilities": {"portMappings": True},
+                                   "ipamDataDir": "/var/run/cni", "logFile": ""})
+    plain, chained = sb.root / "bridge.conflist", sb.root / "bridge-chained.conflist"
+    plain.write_text(json.dumps(plain_doc))
+    chained.write_text(json.dumps(chained_doc))
+    wrap_dir = sb.root / "wrap"
+    wrap_dir.mkdir(exist_ok=True)
+    if not (wrap_dir / "portmap").exists():
+        (wrap_dir / "portmap").symlink_to(sb.plugin_dir / "cni-reaper")
+    settings = sb.root / "wrap-settings.json"
+    settings.write_text(json.dumps({"logFile": "", "ipamDataDir": "/var/run/cni"}))
+    sb.extra_env["CNI_REAPER_CONFIG"] = str(settings)
+    plain_path = f"{sb.plugin_dir}:{sb.plugins}"
+    ways = [("without", plain, plain_path), ("with the wrapper", plain, f"{wrap_dir}:{plain_path}"),
+            ("with cni-reaper chained last", chained, plain_path)]
+    samples: dict[str, list[float]] = {f"{verb} {name}": [] for verb in ("ADD", "DEL") for name, _, _ in ways}
+    ports = ("8080:80/tcp", "8080:80/udp")
+    try:
+        for i in range(pairs):
+            for name, cl, path in (ways if i % 2 == 0 else list(reversed(ways))):
+                sb.plugin_path = path
+                netns, cid = sb.container(), unique("wrap-")
+                t0 = time.perf_counter()
+                proc = sb.driver("add", cid, netns, ports, cl)
+                samples[f"ADD {name}"].append(time.perf_counter() - t0)
+                assert proc.returncode == 0, proc.stderr
+                t0 = time.perf_counter()
+                proc = sb.driver("del", cid, netns, ports, cl)
+                samples[f"DEL {name}"].append(time.perf_counter() - t0)
+                assert proc.returncode == 0, proc.stderr
+                sb.remove_container(netns)
+    finally:
+        sb.plugin_path = ""
+        sb.extra_env.pop("CNI_REAPER_CONFIG", None)
     return {name: median_ms(xs) for name, xs in samples.items()}
 
 
@@ -399,6 +450,10 @@ TARGETS = [
      lambda r, f: r["verbs"][f]["ratios"]["DEL nothing stale / portmap DEL"] <= (1.0 if f == "legacy" else 0.5)),
     ("1,000 live records add <= 5 ms to an ADD", lambda r, f: r["verbs"][f]["ratios"]["ADD with 1,000 live records - ADD (ms)"] <= 5),
     ("chain ADD grows <= 15 %", lambda r, f: r["verbs"][f]["ratios"]["chain ADD share"] <= 0.15),
+    ("the wrapper adds no more than cni-reaper chained last (ADD)",
+     lambda r, f: r["verbs"][f]["wrap_ms"]["ADD with the wrapper"] <= r["verbs"][f]["wrap_ms"]["ADD with cni-reaper chained last"]),
+    ("the wrapper adds no more than cni-reaper chained last (DEL, nothing stale)",
+     lambda r, f: r["verbs"][f]["wrap_ms"]["DEL with the wrapper"] <= r["verbs"][f]["wrap_ms"]["DEL with cni-reaper chained last"]),
 ]
 
 
@@ -455,6 +510,8 @@ def report(r: dict) -> None:
         print(f"  {'bridge chain ADD via go-cni, with cni-reaper':<48} {v['chain_ms']['with cni-reaper']:>8.2f}")
         print(f"  {'bridge chain ADD via go-cni, with the floor':<48} {v['chain_ms']['with the floor']:>8.2f}")
         print(f"  {'bridge chain ADD via go-cni, without':<48} {v['chain_ms']['without']:>8.2f}")
+        for name, ms in v["wrap_ms"].items():
+            print(f"  {'Nomad bridge network ' + name:<48} {ms:>8.2f}")
         print("  ratios: " + ", ".join(f"{k} {val}" for k, val in v["ratios"].items()))
         print("  stages of cni-reaper's ADD (ms): " + ", ".join(f"{k} {val}" for k, val in v["stages_ms"].items()))
     print("\n== sweeps of dead attachments (iptables: masquerade chain+jump, DNAT chain+2 jumps, 2 firewall rules, "
