@@ -211,6 +211,7 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
                 dead_dels.append(r)
                 run(BINARY, cni_env("STATUS"), status_conf(tmp))  # settle the tombstone outside the next measurement
             run.close()
+            journal = bench_journal(tmp, tmp / "state", pairs)
             chain = bench_chain(sb, pairs)
             wrap = bench_wrap(sb, pairs)
     samples = {**adds, **dels, "cni-reaper DEL cleaning one dead attachment": dead_dels}
@@ -218,8 +219,10 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
     rss = {name: round(max(r["kib"] for r in rs) / 1024, 1) for name, rs in samples.items()}
     stage_med = {k: round(statistics.median(s[k] for s in stages), 2) for k in stages[0]}
     return {"flavour": flavour, "medians_ms": med, "peak_rss_mib": rss, "stages_ms": stage_med, "chain_ms": chain,
-            "wrap_ms": wrap,
+            "wrap_ms": wrap, "journal_ms": journal,
             "ratios": {
+                "journal share of a cleaning DEL": round(journal["per cleaning DEL"]
+                                                         / med["cni-reaper DEL cleaning one dead attachment"], 3),
                 "bridge ADD share, wrapper": round(wrap["ADD with the wrapper"] / wrap["ADD without"] - 1, 3),
                 "bridge ADD share, chained last": round(wrap["ADD with cni-reaper chained last"] / wrap["ADD without"] - 1, 3),
                 "bridge DEL share, wrapper": round(wrap["DEL with the wrapper"] / wrap["DEL without"] - 1, 3),
@@ -265,6 +268,40 @@ def bench_chain(sb: Sandbox, pairs: int) -> dict:
             sb.driver("del", cid, netns, ("8080:80/tcp", "8080:80/udp"), cl)
             sb.remove_container(netns)
     return {name: median_ms(xs) for name, xs in samples.items()}
+
+
+def bench_journal(tmp: Path, state: Path, pairs: int) -> dict:
+    """What the journal costs a cleaning DEL: the journal lines the measured cleaning DELs wrote (what they were
+    about to remove, then what they removed), written again the way the clean-up writes them (appended and
+    fsynced one by one) into a state directory on the same file system, timed."""
+    sys.path.insert(0, str(REPO / "plugin"))
+    from cni_reaper.state.journal import NAME
+    from cni_reaper.state.store import Store
+
+    every = (state / NAME).read_bytes().splitlines(keepends=True)
+    ids = {e["id"] for e in map(json.loads, every) if e.get("t") == "intent" and e.get("verb") == "DEL"}
+    lines = [line for line in every if json.loads(line).get("id") in ids]
+    per_del = max(1, len(lines) // max(pairs, 1))
+    replay = tmp / "journal-replay"
+    replay.mkdir()
+    store = Store(str(replay)).open()
+    samples = []
+    try:
+        for i in range(pairs):
+            batch = lines[i * per_del:(i + 1) * per_del] or lines[:per_del]
+            t0 = time.perf_counter()
+            for line in batch:
+                fd = os.open(NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=store.dir.dfd)
+                try:
+                    os.write(fd, line)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            samples.append(time.perf_counter() - t0)
+    finally:
+        store.close()
+    return {"per cleaning DEL": median_ms(samples), "lines per cleaning DEL": per_del,
+            "bytes per cleaning DEL": sum(len(x) for x in lines[:per_del])}
 
 
 def bench_wrap(sb: Sandbox, pairs: int) -> dict:
@@ -512,6 +549,9 @@ def report(r: dict) -> None:
         print(f"  {'bridge chain ADD via go-cni, without':<48} {v['chain_ms']['without']:>8.2f}")
         for name, ms in v["wrap_ms"].items():
             print(f"  {'Nomad bridge network ' + name:<48} {ms:>8.2f}")
+        j = v["journal_ms"]
+        print(f"  {'journal of a cleaning DEL':<48} {j['per cleaning DEL']:>8.2f}   "
+              f"({j['lines per cleaning DEL']} lines, {j['bytes per cleaning DEL']} bytes)")
         print("  ratios: " + ", ".join(f"{k} {val}" for k, val in v["ratios"].items()))
         print("  stages of cni-reaper's ADD (ms): " + ", ".join(f"{k} {val}" for k, val in v["stages_ms"].items()))
     print("\n== sweeps of dead attachments (iptables: masquerade chain+jump, DNAT chain+2 jumps, 2 firewall rules, "
