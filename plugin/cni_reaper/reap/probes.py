@@ -131,6 +131,29 @@ SENDS = (b"shared",)  # a mount made on a member of a peer group propagates to e
 RECEIVES = (b"shared", b"master")  # a mount receives what its own peer group, and the group it is a slave of, get
 
 
+def _mountinfo(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _entry(data: bytes, target: str, exact: bool = False) -> list[bytes] | None:
+    """The optional fields of the mount `target` is on (the longest covering mount point; the last of equals
+    is on top), or with `exact` of a mount at `target` itself (None when there is none)."""
+    best, found = -1, None
+    for line in data.split(b"\n"):
+        fields = line.split(b" ")
+        if len(fields) < 7:
+            continue
+        point = fields[4].decode(errors="replace").replace("\\040", " ")
+        inside = target == point or (not exact and target.startswith(point.rstrip("/") + "/"))
+        if inside and len(point) >= best:
+            best, found = len(point), fields[6:]
+    return found
+
+
 def mount_groups(directory: str, mountinfo: str = "/proc/self/mountinfo",
                  kinds: tuple[bytes, ...] = RECEIVES) -> list[int] | None:
     """The peer groups of the mount that `directory` is on, as the process whose mountinfo it is sees it:
@@ -138,21 +161,25 @@ def mount_groups(directory: str, mountinfo: str = "/proc/self/mountinfo",
     slave of N; with RECEIVES, also the group it is a slave of (`master:N`): it sees what is mounted in N. A
     slave's master is never sent to: mounts made in a slave do not propagate up. [] for a private mount; None
     when mountinfo cannot be read."""
-    try:
-        with open(mountinfo, "rb") as f:
-            data = f.read()
-    except OSError:
+    data = _mountinfo(mountinfo)
+    if data is None:
         return None
-    target = os.path.realpath(directory)
-    best, groups = -1, []
-    for line in data.split(b"\n"):
-        fields = line.split(b" ")
-        if len(fields) < 7:
-            continue
-        point = fields[4].decode(errors="replace").replace("\\040", " ")
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best:  # the longest covering mount point; the last of equals is on top
-            best, groups = len(point), _tags(fields[6:], kinds)
+    return _tags(_entry(data, os.path.realpath(directory)) or [], kinds)
+
+
+def sending_groups(directory: str, netns_path: str, mountinfo: str = "/proc/self/mountinfo") -> list[int]:
+    """The peer groups whose members and slaves see the namespace mounted at `netns_path` (in `directory`) as
+    this process sees it: the group `directory`'s mount is a member of; and when the namespace's own mount
+    is a copy propagated from upstream (it has a master: it was mounted in the group `directory`'s mount is
+    a slave of, or above), that group too. [] when it was mounted here and propagates nowhere."""
+    data = _mountinfo(mountinfo)
+    if data is None:
+        return []
+    where = _entry(data, os.path.realpath(directory)) or []
+    groups = _tags(where, SENDS)
+    own = _entry(data, os.path.realpath(netns_path), exact=True)
+    if own is not None and _tags(own, (b"master",)):
+        groups += [g for g in _tags(where, (b"master",)) if g not in groups]
     return groups
 
 
@@ -191,7 +218,7 @@ def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
         where = netns_dir(netns_path)
         directory = dir_id(where)
         if directory is not None:
-            directory["groups"] = mount_groups(where, kinds=SENDS) or []
+            directory["groups"] = sending_groups(where, netns_path)
     return {"netnsId": netns_id(netns_path), "netnsDir": directory, "host": h.as_record(), "veth": veth}
 
 

@@ -563,12 +563,17 @@ def _doctor_records(contexts: list[Context]) -> list:
 
     out = []
     view = View()
+    recorded = 0
     for state_dir, group in _by_state_dir(contexts).items():
-        records = _records(state_dir)
+        try:
+            records = _records(state_dir)
+        except CniError:
+            continue  # a state directory that cannot be used: the state-dir check says why
+        recorded += len(records)
         states = list(_states(records, group, view).values())
         out.append(doctor.check_records(state_dir, [c.network or "(defaults)" for c in group], states))
         out += doctor.check_sharing(state_dir, [c for c in group if c.network], records)
-    out += doctor.check_view(view, [c.conf for c in contexts])
+    out += doctor.check_view(view, [c.conf for c in contexts], recorded)
     return out
 
 

@@ -254,9 +254,10 @@ def check_sharing(state_dir: str, contexts: list, records: list[dict]) -> list[F
     return [Finding(OK, "shared-state", names, msg)]
 
 
-def check_view(view, confs: list) -> list[Finding]:
+def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
     """What this process sees of the host as the runtime does: /proc, the netns directories of the records,
-    libcni's cache, host-local's directories."""
+    libcni's cache (whose results directory libcni makes at its first ADD: missing before any record is
+    normal), host-local's directories."""
     from cni_reaper.reap import cache
 
     out = []
@@ -271,7 +272,10 @@ def check_view(view, confs: list) -> list[Finding]:
                            "sees them"))
     for conf in {c.cniCacheDir: c for c in confs}.values():
         problem = cache.view(conf.cniCacheDir)
-        if problem:
+        if problem and not recorded and not os.path.exists(cache.results_dir(conf.cniCacheDir)):
+            out.append(Finding(OK, "cni-cache", "", f"libcni's cache {cache.results_dir(conf.cniCacheDir)} is not made "
+                               "yet (libcni makes it at the first ADD; nothing is recorded yet)"))
+        elif problem:
             out.append(Finding(WARN, "cni-cache", "", f"{problem}: finished DELs are told only by their netns, and "
                                "`sweep --orphans` proves no attachment dead", "set cniCacheDir to the runtime's libcni "
                                "cache directory (Nomad, containerd, Podman: /var/lib/cni)"))
