@@ -197,10 +197,12 @@ def test_conntrack_module_agrees_with_pyroute2(tmp_path, package_exe):
 def test_conntrack_entries_of_an_address_a_live_attachment_holds_stay(tmp_path, package_exe):
     """An IP is handed out again: a dead record and a live one both name it. The dead one's clean-up must not
     cut the live one's flows."""
-    from testkit.artifacts import conntrack_entry, write_records
+    from testkit.artifacts import conntrack_entry, write_records, write_reservations
 
     with open_sandbox(tmp_path, "nft", package_exe) as sb:
         live_ns = sb.container()
+        # host-local handed 172.26.9.9 to live-1 after dead-1 released it; dead-2 still holds its own
+        write_reservations(sb.cni_dir / "networks", "nomad-reaper", [("live-1", "172.26.9.9"), ("dead-2", "172.26.9.10")])
         write_records(sb, "nomad-reaper", [("dead-1", "172.26.9.9", 20000, "/var/run/netns/gone-1"),
                                                        ("dead-2", "172.26.9.10", 20001, "/var/run/netns/gone-2"),
                                                        ("live-1", "172.26.9.9", 20002, live_ns)])

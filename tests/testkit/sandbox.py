@@ -228,10 +228,28 @@ class Sandbox:
         return f"/var/run/netns/{name}"
 
     def remove_container(self, path: str) -> None:
+        """Delete the container netns as a runtime does, and return once the kernel has torn down what was in
+        it: the host ends of its veths go in the kernel's netns clean-up work, some time after the last
+        reference is dropped (under load, seconds later), and until then the attachment is rightly seen live."""
         name = os.path.basename(path)
+        peers = self._veth_peers(name)
         sh("ip", "netns", "del", name, check=False)
         if name in self.containers:
             self.containers.remove(name)
+        deadline = time.monotonic() + 60
+        while peers and time.monotonic() < deadline:
+            links = sh("ip", "-n", self.host, "-j", "link", "show", check=False).stdout
+            present = {link.get("ifindex") for link in json.loads(links or "[]")}
+            if not peers & present:
+                return
+            time.sleep(0.02)
+        assert not peers, f"the host ends {sorted(peers)} of {name}'s veths outlived it by 60 s"
+
+    def _veth_peers(self, name: str) -> set[int]:
+        """ifindexes, in the sandbox's host netns, of the peers of the veths in netns `name`."""
+        out = sh("ip", "-n", name, "-j", "link", "show", check=False).stdout
+        return {link["link_index"] for link in json.loads(out or "[]")
+                if "link_index" in link and "link_netnsid" in link}
 
     # -- running things inside -------------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:

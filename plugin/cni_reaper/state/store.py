@@ -35,7 +35,7 @@ except ImportError:  # Python 3.12+
 
 
 def record_name(network: str, container_id: str, ifname: str) -> str:
-    digest = sha256(f"{network}\0{container_id}\0{ifname}".encode()).hexdigest()[:40]
+    digest = sha256(f"{network}\0{container_id}\0{ifname}".encode("utf-8", "surrogatepass")).hexdigest()[:40]
     return f"{RECORD_PREFIX}{digest}{RECORD_SUFFIX}"
 
 

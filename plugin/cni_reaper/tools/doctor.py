@@ -272,9 +272,10 @@ def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
                            "sees them"))
     for conf in {c.cniCacheDir: c for c in confs}.values():
         problem = cache.view(conf.cniCacheDir)
-        if problem and not recorded and not os.path.exists(cache.results_dir(conf.cniCacheDir)):
+        fresh = not recorded and not _reserved(conf.ipamDataDir)
+        if problem and fresh and not os.path.exists(cache.results_dir(conf.cniCacheDir)):
             out.append(Finding(OK, "cni-cache", "", f"libcni's cache {cache.results_dir(conf.cniCacheDir)} is not made "
-                               "yet (libcni makes it at the first ADD; nothing is recorded yet)"))
+                               "yet (libcni makes it at the first ADD; nothing is recorded or reserved yet)"))
         elif problem:
             out.append(Finding(WARN, "cni-cache", "", f"{problem}: finished DELs are told only by their netns, and "
                                "`sweep --orphans` proves no attachment dead", "set cniCacheDir to the runtime's libcni "
@@ -284,6 +285,24 @@ def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
     for conf in confs:
         out += _symlinked_ipam(conf)
     return out
+
+
+def _reserved(data_dir: str) -> bool:
+    """Whether host-local holds any address under data_dir: then some runtime has added attachments, and a
+    missing libcni cache means the runtime's is elsewhere."""
+    try:
+        networks = os.scandir(data_dir)
+    except OSError:
+        return False
+    with networks:
+        for network in networks:
+            try:
+                if network.is_dir() and any(
+                        f.name not in ("lock",) and not f.name.startswith("last_reserved_ip") for f in os.scandir(network.path)):
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def _symlinked_ipam(conf) -> list[Finding]:
