@@ -16,4 +16,4 @@ echo "test.sh: ruff (lint) and mypy (types)"
 roots=$!
 scripts/release.sh  # both architectures' bundles (Debian 11 bases), tarballs and .debs: the suite runs against them
 wait "$roots" || echo "test.sh: making the Debian 11 test roots failed (see /tmp/cni-reaper-test-roots.log); the tests will say why"
-exec .venv/bin/python -m pytest -ra "$@"
+exec .venv/bin/python -m pytest -ra --durations=30 "$@"
