@@ -297,8 +297,8 @@ def _reserved(data_dir: str) -> bool:
     with networks:
         for network in networks:
             try:
-                if network.is_dir() and any(
-                        f.name not in ("lock",) and not f.name.startswith("last_reserved_ip") for f in os.scandir(network.path)):
+                if network.is_dir() and any(f.name != "lock" and not f.name.startswith("last_reserved_ip")
+                                            for f in os.scandir(network.path)):
                     return True
             except OSError:
                 continue
