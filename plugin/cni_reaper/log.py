@@ -16,7 +16,7 @@ from cni_reaper import jsonio
 MAX_BYTES = 10 << 20
 
 _context: dict[str, str] = {}
-_settings: dict[str, Any] = {"file": "", "stderr": True}
+_settings: dict[str, Any] = {"file": "", "stderr": True, "never_stderr": False}
 _LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
 if TYPE_CHECKING:
@@ -26,9 +26,14 @@ if TYPE_CHECKING:
 def begin(log_file: str | None = None, stderr: bool = True, **context: str) -> None:
     """Start one invocation's log: where lines go, and the fields every line of it carries (verb, network,
     container ID). Nothing of an earlier invocation in the same process carries over."""
-    _settings.update(file=log_file or "", stderr=stderr)
+    _settings.update(file=log_file or "", stderr=stderr and not _settings["never_stderr"])
     _context.clear()
     _context.update({k: v for k, v in context.items() if v})
+
+
+def never_to_stderr() -> None:
+    """From now on in this process, lines go to the log file only (a wrapper's stderr is the real plugin's)."""
+    _settings.update(never_stderr=True, stderr=False)
 
 
 def field(name: str) -> str:

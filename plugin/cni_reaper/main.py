@@ -43,11 +43,12 @@ def _exit(code: int) -> NoReturn:
     """End a CNI call at once: its answer is written and flushed, its files are written with os.write and
     fsynced, its locks go with the process. The interpreter's orderly shutdown (every module torn down) would
     only add about 2 ms to every call."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except OSError:
-        code = code or 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            code = code or 1
     os._exit(code)
 
 

@@ -142,6 +142,45 @@ def test_undo_refuses_what_a_live_allocation_holds_now(tmp_path, flavour, packag
         now = state(sb)
         assert set(now[0]) ^ set(before[0]) == set() and now[1:] == before[1:], (set(now[0]) - set(before[0]), out.stdout)
         assert sb.reach(ns_new, "172.30.0.1", 8080, "the new one") == "the new one"
+        # nor libcni's cached result naming the address again (red team): the runtime hands it to the dead
+        # one's late DEL, whose firewall and portmap would then remove the new one's rules
+        assert any(l.startswith("not put back") and "cached result" in l for l in out.stdout.splitlines()), out.stdout
+        assert sb.driver("del", dead, ns_dead, PORTS, conflist).returncode == 0
+        assert sb.residue(NET, new, [ip]) and set(state(sb)[0]) == set(before[0]), set(before[0]) - set(state(sb)[0])
+        assert sb.reach(ns_new, "172.30.0.1", 8080, "the new one") == "the new one"
+
+
+def test_a_damaged_journal_puts_back_nothing_of_a_damaged_item_and_says_so(tmp_path, flavour, package_exe):
+    """Fields of journaled items damaged (wrong types, missing, a path for an address): undo says which entry
+    is damaged and puts back the sound ones, never a traceback, nothing outside its directories."""
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        conflist = sb.conflist()
+        cid, netns = unique("alloc-"), sb.container()
+        ips_of(sb.driver("add", cid, netns, PORTS, conflist))
+        sb.remove_container(netns)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        journal = sb.state_dir() / ".journal"
+        intact = journal.read_text()
+        damages = {"index": "two", "spec": None, "rules": "abc", "content": 5, "ip": "../../..", "family": 99}
+        for field, value in damages.items():
+            events = [json.loads(l) for l in intact.splitlines()]
+            hit = False
+            for e in events:
+                for item in e.get("items") or []:
+                    if field in item and not hit:
+                        item[field], hit = value, True
+                if e.get("t") == "intent":
+                    e["at"] = "yesterday"
+            assert hit, field
+            journal.write_text("".join(json.dumps(e) + "\n" for e in events))
+            shown = cli(sb, "journal", cid)
+            out = cli(sb, "undo", cid, "--dry-run")
+            for proc in (shown, out):
+                assert proc.returncode in (0, 4) and "Error" not in proc.stderr and "Traceback" not in proc.stderr, (
+                    field, proc.stdout, proc.stderr)
+            assert "damaged" in out.stdout, (field, out.stdout)
+        journal.write_text(intact)
+        assert not list(sb.root.glob("**/..*")), "nothing written outside"
 
 
 def test_observe_mode_removes_nothing_says_what_it_would_and_clean_mode_then_removes_it(tmp_path, flavour, package_exe):

@@ -158,9 +158,17 @@ def run(env: Mapping[str, str], stdin: IO[bytes], stdout: IO[str], handler: Call
 
 
 def main_cni(env: Mapping[str, str], handler: Callable[[Invocation], Any]) -> int:
+    """One CNI call on this process's stdin and stdout; a closed stdin reads as empty, a closed stdout fails
+    the call (exit 1) after its work, never with a traceback."""
+    if sys.stdin is None or sys.stdout is None:
+        import io
+
+        stdin = sys.stdin.buffer if sys.stdin is not None else io.BytesIO()
+        code = run(env, stdin, sys.stdout or io.StringIO(), handler)
+        return code if sys.stdout is not None else (code or 1)
     try:
         code = run(env, sys.stdin.buffer, sys.stdout, handler)
         sys.stdout.flush()
-    except BrokenPipeError:
+    except (OSError, ValueError):
         code = 1
     return code

@@ -410,6 +410,7 @@ def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), ext
     costs the index and a stat or two per record, and imports nothing more. Returns the outcome, or None when
     nothing was stale."""
     try:
+        known = network_modes(store, conf)  # every call says its network's mode, stale or not: others' sweeps read it
         view = view or View()
         found, done = stale(store, conf, view, exclude)
         for k in done:
@@ -421,7 +422,7 @@ def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), ext
             return None
         sel = select_indexed(store, view, conf, exclude)
         sel.extra = list(extra or ())
-        return sweep(store, conf, sel, modes=network_modes(store, conf))
+        return sweep(store, conf, sel, modes=known)
     except Exception as exc:  # noqa: BLE001 - a sweep never fails the verb that runs it
         log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         return None

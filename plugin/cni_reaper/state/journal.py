@@ -112,7 +112,9 @@ class Entry:
 
     def __init__(self, event: dict[str, Any], index: int, item: dict[str, Any]) -> None:
         self.event, self.index, self.item = event["id"], index, item
-        self.at, self.verb = event.get("at", 0), event.get("verb", "")
+        at, verb = event.get("at"), event.get("verb")
+        self.at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else 0
+        self.verb = verb if isinstance(verb, str) else ""
         self.sure = False
         self.restored = False
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 from cni_reaper import PLUGIN_NAME, __version__, log
-from cni_reaper.errors import CniError
+from cni_reaper.errors import INVALID_CONFIG, CniError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_LEFT, EXIT_DOCTOR, EXIT_BLIND = 0, 1, 2, 3, 4, 5, 6
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"  # Nomad's client cni_path default, then Debian's plugins
@@ -129,6 +129,9 @@ def _settings(args):
     env = dict(os.environ)
     if getattr(args, "config", None):
         env["CNI_REAPER_CONFIG"] = os.path.abspath(args.config)
+        if not os.path.exists(env["CNI_REAPER_CONFIG"]):  # named, so meant: a typo must not drop its "mode"
+            raise CniError(INVALID_CONFIG, f"--config {args.config}: no such file",
+                           "name the settings file of the wrapped networks, or leave --config out")
     s = load(env)
     if s.problem:
         print(f"{PLUGIN_NAME}: {s.problem}", file=sys.stderr)

@@ -98,12 +98,16 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
     holders = Holders(store, cid, [*data_dirs, *{e.item.get("dataDir", "") for e in entries if e.item.get("dataDir")}])
     kinds: dict[str, list[Entry]] = {}
     for e in entries:
-        kinds.setdefault(e.item.get("kind", ""), []).append(e)
+        damage = damaged(e.item)
+        if damage:
+            report.no(e, f"its journal entry is damaged ({damage}): not put back")
+        else:
+            kinds.setdefault(e.item.get("kind", ""), []).append(e)
     report.unrestorable = kinds.pop("conntrack", [])
     _reservations(kinds.get("reservation", []), holders, report, dry_run)
     _iptables(kinds.get("iptables", []), holders, report, dry_run)
     _native(kinds.get("nft", []), holders, report, dry_run)
-    _cache(kinds.get("cache", []), report, dry_run)
+    _cache(kinds.get("cache", []), holders, report, dry_run)
     _record(store, kinds.get("record", []), report, dry_run)
     if not dry_run:
         Journal(store).undone(f"undo-{cid}", [[e.event, e.index] for e, _ in report.restored],
@@ -111,6 +115,67 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
                               [[e.event, e.index, why] for e, why in report.gone] + [[e.event, e.index] for e in
                                                                                       report.unrestorable])
     return report
+
+
+def _text(v: object, multiline: bool = False) -> bool:
+    return isinstance(v, str) and (multiline or ("\n" not in v and "\r" not in v and "\0" not in v))
+
+
+def _name(v: object) -> bool:
+    return _text(v) and v not in ("", ".", "..") and "/" not in str(v)
+
+
+def _ip(v: object) -> bool:
+    from cni_reaper.cni.ipaddr import parse_ip
+
+    try:
+        parse_ip(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _json_object(v: object) -> bool:
+    from cni_reaper import jsonio
+
+    try:
+        return isinstance(v, str) and isinstance(jsonio.loads(v), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+_SHAPES: dict[str, dict[str, Any]] = {
+    "reservation": {"dataDir": lambda v: _text(v) and str(v).startswith("/"), "network": _name, "ip": _ip,
+                    "content": lambda v: _text(v, True)},
+    "iptables": {"family": lambda v: v in (4, 6), "flavour": lambda v: v in ("nft", "legacy"),
+                 "op": _text, "table": _name, "chain": lambda v: _name(v) and " " not in str(v)},
+    "nft": {"family": _text, "table": _text, "chain": _text, "rule": lambda v: isinstance(v, dict)},
+    "cache": {"cacheDir": lambda v: _text(v) and str(v).startswith("/"), "entry": _name, "content": _json_object},
+    "record": {"record": lambda v: isinstance(v, dict)},
+    "conntrack": {},
+}
+
+
+def damaged(item: dict[str, Any]) -> str | None:
+    """What is wrong with a journaled item's shape (None: nothing): a damaged journal puts nothing back of it,
+    and never half of an item."""
+    shape = _SHAPES.get(item.get("kind"))  # type: ignore[arg-type]
+    if shape is None:
+        return f"unknown kind {str(item.get('kind'))[:40]!r}"
+    for field, ok in shape.items():
+        if not ok(item.get(field)):
+            return f"{field} is missing or not what it should be"
+    if item["kind"] == "iptables":
+        if item["op"] == "chain":
+            if not (isinstance(item.get("rules"), list) and all(_text(r) for r in item["rules"])):
+                return "rules is not a list of rules"
+        elif not _text(item.get("spec")):
+            return "spec is missing or not one line"
+        if not isinstance(item.get("index", 0), int) or isinstance(item.get("index", 0), bool) or item.get("index", 0) < 0:
+            return "index is not a position"
+    if item["kind"] == "reservation" and not isinstance(item.get("mode", 0o600), int):
+        return "mode is not a file mode"
+    return None
 
 
 # -- reservations -----------------------------------------------------------------------------------
@@ -311,7 +376,7 @@ def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: boo
                 report.no(e, f"nft: {exc}")
 
 
-def _cache(entries: list[Entry], report: Report, dry_run: bool) -> None:
+def _cache(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
     from cni_reaper import jsonio
     from cni_reaper.reap import cache
 
@@ -328,6 +393,11 @@ def _cache(entries: list[Entry], report: Report, dry_run: bool) -> None:
         released = set(cache.Entry(it["entry"], original, 0).ips) - set(cache.Entry(it["entry"], current, 0).ips)
         if current != _forgotten(original, released):
             report.no(e, f"libcni's cached result {it['entry']} was rewritten since (a newer life)")
+            continue
+        taken = sorted(ip for ip in released if ip in holders.by_ip)
+        if taken:  # the runtime hands the cached result to a later DEL: its plugins would remove the holder's rules
+            report.no(e, f"libcni's cached result {it['entry']} would name {taken[0]} again, held by "
+                         f"{holders.by_ip[taken[0]]} now (a later DEL of this attachment would remove its rules)")
             continue
         if not dry_run:
             tmp = f"{path}.cni-reaper-undo"

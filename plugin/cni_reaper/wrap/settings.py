@@ -48,8 +48,7 @@ def path_of(env: Mapping[str, str]) -> str:
 def load(env: Mapping[str, str]) -> Settings:
     s = Settings(path_of(env))
     try:
-        with open(s.path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        data = _read_regular(s.path)
     except FileNotFoundError:
         return s
     except OSError as exc:
@@ -64,6 +63,27 @@ def load(env: Mapping[str, str]) -> Settings:
         return s
     _take(s, pick(doc, FILE_KEYS, ("networks",)))
     return s
+
+
+def _read_regular(path: str) -> bytes:
+    """The file's first MAX_BYTES + 1 bytes; opened without blocking and refused unless it is a regular file (a
+    FIFO or a device there would hang every wrapped call, the fingerprint included)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:
+            chunk = os.read(fd, MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _take(s: Settings, v: dict[str, Any]) -> None:

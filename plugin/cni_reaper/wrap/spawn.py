@@ -1,29 +1,43 @@
 """Running the real plugin as the runtime would have: the same argv tail, environment and stdin; its stderr is
 this process's (passed through as it is written), its stdout is captured to be returned unchanged. Without
 `subprocess` (its imports cost milliseconds on every call): fork and execve, stdin from a memfd (no pipe
-can fill up against a plugin that writes before it has read), stdout through a pipe."""
+can fill up against a plugin that writes before it has read), stdout through a pipe, and as `subprocess`
+does, the signals Python ignores (SIGPIPE, SIGXFSZ) back to their defaults in the child and an exec that
+fails told to the parent through a close-on-exec pipe."""
 
 from __future__ import annotations
 
 import os
+import signal
+
+
+class ExecFailed(Exception):
+    """The real plugin could not be executed (errno in args[0])."""
 
 
 def run(exe: str, argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, bytes]:
-    """(exit status, stdout) of `exe`; a plugin killed by a signal gives 128 + the signal, as a shell says."""
+    """(exit status, stdout) of `exe`: its exit status, or minus the signal that killed it (as Go's
+    ExitCode and Python's returncode say). ExecFailed when it could not be run at all."""
     fd = os.memfd_create("cni-stdin", os.MFD_CLOEXEC)
     try:
         os.write(fd, stdin)
         os.lseek(fd, 0, os.SEEK_SET)
         r, w = os.pipe()
+        er, ew = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:  # the child: nothing of Python's may run here but the exec
             try:
                 os.dup2(fd, 0)
                 os.dup2(w, 1)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
                 os.execve(exe, argv, env)
+            except OSError as exc:
+                os.write(ew, str(exc.errno).encode())
             finally:
                 os._exit(127)
         os.close(w)
+        os.close(ew)
         chunks = []
         while True:
             chunk = os.read(r, 65536)
@@ -31,8 +45,11 @@ def run(exe: str, argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[i
                 break
             chunks.append(chunk)
         os.close(r)
+        failed = os.read(er, 32)
+        os.close(er)
         _, status = os.waitpid(pid, 0)
     finally:
         os.close(fd)
-    code = os.waitstatus_to_exitcode(status)
-    return (128 - code if code < 0 else code), b"".join(chunks)
+    if failed:
+        raise ExecFailed(int(failed))
+    return os.waitstatus_to_exitcode(status), b"".join(chunks)

@@ -35,32 +35,104 @@ FROM_THE_RUNTIME = ("cniVersion", "cniVersions", "name", "runtimeConfig", "capab
                     "cni.dev/valid-attachments", "cni.dev/attachments")
 
 
-class Budget(Exception):
-    """cni-reaper's own work ran out of its time in this call."""
+class Budget(BaseException):
+    """cni-reaper's own work ran out of its time in this call (a BaseException: the `except Exception` of a
+    clean-up or a sweep, which keeps a verb going past a failure, must not keep it going past its time)."""
+
+
+# the cni-reaper files (device:inode, comma-separated) already wrapping this call: a second cni-reaper (a .deb
+# beside a tarball, an old copy) with its own wrapper directory on the path is passed over, not run in a loop
+NESTED = "CNI_REAPER_WRAPPERS"
 
 
 def main(name: str) -> int:
     env = dict(os.environ)
     settings = load(env)
     command = env.get("CNI_COMMAND", "")
-    stdin = sys.stdin.buffer.read(16 << 20) if command else b""
-    plugin = real.find(name, real.search_path(env, settings.cni_path), real.own_identities())
+    stdin = _read_all(0) if command else b""
+    outer = _identities(env.get(NESTED, ""))
+    own = real.own_identities() | outer
+    plugin = real.find(name, real.search_path(env, settings.cni_path), own)
     if plugin is None:
         return _not_found(name, env, settings, command)
-    if command == "DEL":
+    mine = not outer  # the outermost wrapper of a call does cni-reaper's part; one nested in it only passes on
+    if mine and command == "DEL":
         _own(command, stdin, None, env, settings)
-    code, out = spawn.run(plugin, [plugin, *sys.argv[1:]], env, stdin)
-    if code == 0 and command in ("ADD", "CHECK", "STATUS", "GC"):
+    try:
+        code, out = spawn.run(plugin, [plugin, *sys.argv[1:]], {**env, NESTED: _ids(own)}, stdin)
+    except spawn.ExecFailed as exc:
+        return _cannot_run(name, plugin, exc.args[0], command)
+    if mine and code == 0 and command in ("ADD", "CHECK", "STATUS", "GC"):
         _own(command, stdin, out, env, settings)
     try:
         os.write(1, out) if out else None
     except OSError:
-        return code or 1
+        return code if code > 0 else 1
+    if code < 0:  # killed by a signal: so is the wrapper, and the runtime sees what it would have seen
+        _die_of(-code)
     return code
 
 
+def _read_all(fd: int) -> bytes:
+    """All of stdin, as the real plugin would have read it (a closed one reads as empty)."""
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        pass
+    return b"".join(chunks)
+
+
+def _identities(text: str) -> set[tuple[int, int]]:
+    out = set()
+    for item in text.split(","):
+        dev, _, ino = item.partition(":")
+        if dev.isdigit() and ino.isdigit():
+            out.add((int(dev), int(ino)))
+    return out
+
+
+def _ids(idents: set[tuple[int, int]]) -> str:
+    return ",".join(f"{d}:{i}" for d, i in sorted(idents))
+
+
+def _quiet(settings: Settings, env: Mapping[str, str]) -> None:
+    """The wrapper's stderr is the real plugin's alone: cni-reaper's own lines go to its log file only."""
+    from cni_reaper import log
+    from cni_reaper.cni.conf import DEFAULT_LOG_FILE
+
+    log.never_to_stderr()
+    given = settings.keys.get("logFile")
+    log.begin(given if isinstance(given, str) and given.startswith("/") else DEFAULT_LOG_FILE, stderr=False,
+              verb=env.get("CNI_COMMAND", ""), containerID=env.get("CNI_CONTAINERID", ""))
+
+
+def _die_of(signum: int) -> None:
+    import signal
+
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
+    os.kill(os.getpid(), signum)
+
+
+def _cannot_run(name: str, plugin: str, errno: int, command: str) -> int:
+    msg = f"cni-reaper wraps {name}, but {plugin} cannot be run: {os.strerror(errno)}"
+    fix = f"reinstall the reference plugins' {name} there (the runtime alone would fail the same way)"
+    if command:
+        os.write(1, jsonio.dumps({"cniVersion": "1.1.0", "code": 5, "msg": msg, "details": fix}).encode())
+    else:
+        sys.stderr.write(f"{msg}: {fix}\n")
+    return 1
+
+
 def _not_found(name: str, env: Mapping[str, str], settings: Settings, command: str) -> int:
-    where = ":".join(real.search_path(env, settings.cni_path))
+    where = ":".join(real.search_path(env, settings.cni_path)) or "(an empty path)"
     msg = f"cni-reaper wraps {name}, but no {name} plugin other than cni-reaper is in {where}"
     fix = (f"install the reference plugins there, or put the wrapper's directory first and the plugins' after it "
            f"in Nomad's client cni_path (and set cniPath in {settings.path} for runs without CNI_PATH)")
@@ -105,18 +177,21 @@ def _own(command: str, stdin: bytes, result: bytes | None, env: dict[str, str], 
         raise Budget()
 
     previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.setitimer(signal.ITIMER_REAL, settings.wrap_timeout)
     try:
-        conf = conf_for(stdin, result if command == "ADD" else None, settings)
-        if conf is not None:
-            _serve(command, conf, env, settings)
+        signal.setitimer(signal.ITIMER_REAL, settings.wrap_timeout)
+        try:
+            _quiet(settings, env)
+            conf = conf_for(stdin, result if command == "ADD" else None, settings)
+            if conf is not None:
+                _serve(command, conf, env, settings)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm due before this line is raised here, and caught
     except Budget:
         _warn(f"cni-reaper's own work took longer than wrapTimeout ({settings.wrap_timeout:g} s) and was stopped; "
               "a later call finishes it")
     except BaseException as exc:  # noqa: BLE001 - the wrapped plugin's answer stands, whatever happens here
         _warn(f"cni-reaper's own work failed: {type(exc).__name__}: {exc}")
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
 
