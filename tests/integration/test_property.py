@@ -12,8 +12,9 @@ exactly what the reference plugins made for it; every ADD that the reference plu
 free address in the range) succeeded, and every recreate succeeded; at the end, after one more sweep,
 nothing of a dead allocation is left.
 
-CNI_REAPER_PROPERTY_STEPS (default 1000 per flavour) and CNI_REAPER_PROPERTY_SEED (printed on failure) to replay
-or to run longer."""
+Both flavours' walks run at once, each in its own sandbox. CNI_REAPER_PROPERTY_STEPS (default 1000 per
+flavour), CNI_REAPER_PROPERTY_SEED (printed on failure) and CNI_REAPER_PROPERTY_FLAVOURS to replay or to run
+longer."""
 
 from __future__ import annotations
 
@@ -292,31 +293,56 @@ class Batch:
             self.adds += 1
 
 
-@pytest.fixture(params=[Stack("1.9", "go-cni-1.1.13")], ids=lambda s: s.id)
-def nomad(request, tmp_path, flavour, package_exe):
-    with open_sandbox(tmp_path, flavour, package_exe, request.param) as sb:
-        yield sb
+NOMAD = Stack("1.9", "go-cni-1.1.13")
+FLAVOURS = [f for f in os.environ.get("CNI_REAPER_PROPERTY_FLAVOURS", "nft,legacy").split(",") if f]
 
 
-def test_any_interleaving_keeps_live_attachments_whole_and_leaves_nothing_of_dead_ones(nomad, flavour):
-    seed = int(SEED) if SEED else random.SystemRandom().randrange(2**32)
+def _walk(sb: Sandbox, flavour: str, seed: int) -> str | None:
+    """One seeded walk of STEPS steps in sandbox `sb`; what went wrong (with the line that replays it), or None."""
     rng = random.Random(seed)
-    conflist = nomad.conflist()
+    conflist = sb.conflist()
     data = json.loads(conflist.read_text())
     for p in data["plugins"]:
         if p["type"] == "bridge":
             p["ipam"]["ranges"] = [[{"subnet": "172.26.64.0/20", "rangeStart": RANGE[0], "rangeEnd": RANGE[-1]}]]
     conflist.write_text(json.dumps(data))
-    walk = Walk(nomad, rng, conflist)
+    walk = Walk(sb, rng, conflist)
     history: list[str] = []
+    replay = (f"replay: CNI_REAPER_PROPERTY_SEED={seed} CNI_REAPER_PROPERTY_STEPS={STEPS} "
+              f"CNI_REAPER_PROPERTY_FLAVOURS={flavour}")
     for n in range(STEPS):
         history.append(f"{n}: " + ", ".join(walk.step()))
         walk.verify()
         if walk.failures:
-            break
-    replay = f"replay: CNI_REAPER_PROPERTY_SEED={seed} CNI_REAPER_PROPERTY_STEPS={STEPS} ({flavour})"
-    assert not walk.failures, f"{replay}\n" + "\n".join(walk.failures[:5]) + "\nlast steps:\n" + "\n".join(history[-8:])
+            return f"{replay}\n" + "\n".join(walk.failures[:5]) + "\nlast steps:\n" + "\n".join(history[-8:])
     walk.cli("sweep", "--apply", "--orphans")
     walk.status()
-    assert walk.leftovers() == [], f"{replay}: at quiescence something of a dead allocation is left"
+    if walk.leftovers() != []:
+        return f"{replay}: at quiescence something of a dead allocation is left: {walk.leftovers()[:5]}"
     print(f"{replay}: {STEPS} steps, {len(walk.live)} live, {len(walk.dead)} dead, {len(walk.gone)} deleted")
+    return None
+
+
+def test_any_interleaving_keeps_live_attachments_whole_and_leaves_nothing_of_dead_ones(tmp_path, package_exe):
+    """Each iptables flavour's walk in its own sandbox, both at once (a walk keeps about one core busy)."""
+    from testkit.sandbox import driver_for
+
+    seeds = {f: int(SEED) if SEED else random.SystemRandom().randrange(2**32) for f in FLAVOURS}
+    driver_for(NOMAD.runtime)  # built once, before the walks start
+    outcome: dict[str, str | None] = {}
+
+    def run(flavour: str) -> None:
+        try:
+            with open_sandbox(tmp_path / flavour, flavour, package_exe, NOMAD) as sb:
+                outcome[flavour] = _walk(sb, flavour, seeds[flavour])
+        except BaseException as exc:  # noqa: BLE001 - reported with its seed below
+            outcome[flavour] = (f"replay: CNI_REAPER_PROPERTY_SEED={seeds[flavour]} CNI_REAPER_PROPERTY_FLAVOURS="
+                                f"{flavour}: {type(exc).__name__}: {exc}")
+
+    walks = [threading.Thread(target=run, args=(f,), name=f"walk-{f}") for f in FLAVOURS]
+    for t in walks:
+        t.start()
+    for t in walks:
+        t.join()
+    failed = [outcome.get(f, f"{f}: no outcome") for f in FLAVOURS if outcome.get(f, "x") is not None]
+    assert not failed, "\n\n".join(m or "" for m in failed)
