@@ -32,7 +32,8 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#quiet[@]} -gt 0 ]; then
 fi
 
 PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  rm -rf .venv  # none yet, or one left half made by an interrupted run
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check '.[build,test]' 2>&1 | grep -v -e '^WARNING: Location' -e 'Running pip as' || true
