@@ -81,18 +81,22 @@ class Entry:
             ino, network, cid, ifname, netns, ns, dir_, host, veth, at, cached, verify, earlier, ips, cache_dir, left = v
         except (TypeError, ValueError):
             return None
-        if not (_is_int(ino) and all(isinstance(x, str) for x in (network, cid, ifname, netns))
-                and (ns is None or _ints(ns, 3, last_optional=True))
-                and (dir_ is None or (isinstance(dir_, list) and len(dir_) == 3 and _is_int(dir_[0]) and _is_int(dir_[1])
-                                      and isinstance(dir_[2], list) and all(_is_int(g) for g in dir_[2])))
-                and (host is None or (isinstance(host, list) and len(host) == 4 and isinstance(host[0], str)
-                                      and isinstance(host[1], str) and _is_int(host[2]) and _is_int(host[3])))
-                and (veth is None or (isinstance(veth, list) and len(veth) == 2 and isinstance(veth[0], str)
-                                      and _is_int(veth[1])))
-                and (at is None or (isinstance(at, (int, float)) and not isinstance(at, bool)))
-                and cached in (None, True, False) and verify in (True, False) and earlier in (True, False)
-                and isinstance(ips, list) and all(isinstance(x, str) for x in ips)
-                and (cache_dir is None or isinstance(cache_dir, str)) and left in (True, False)):
+        # `type(x) is int` is _is_int for what JSON gives (no int subclass but bool); inline for 1,000 entries a call
+        i, t, lst = int, str, list
+        if not (type(ino) is i and type(network) is t and type(cid) is t and type(ifname) is t and type(netns) is t
+                and (ns is None or (type(ns) is lst and len(ns) == 3 and type(ns[0]) is i and type(ns[1]) is i
+                                    and (ns[2] is None or type(ns[2]) is i)))
+                and (dir_ is None or (type(dir_) is lst and len(dir_) == 3 and type(dir_[0]) is i and type(dir_[1]) is i
+                                      and type(dir_[2]) is lst and all(type(g) is i for g in dir_[2])))
+                and (host is None or (type(host) is lst and len(host) == 4 and type(host[0]) is t
+                                      and type(host[1]) is t and type(host[2]) is i and type(host[3]) is i))
+                and (veth is None or (type(veth) is lst and len(veth) == 2 and type(veth[0]) is t
+                                      and type(veth[1]) is i))
+                and (at is None or type(at) is i or type(at) is float)
+                and (cached is None or cached is True or cached is False) and (verify is True or verify is False)
+                and (earlier is True or earlier is False) and (left is True or left is False)
+                and type(ips) is lst and all(type(x) is t for x in ips)
+                and (cache_dir is None or type(cache_dir) is t)):
             return None
         return cls(ino, network, cid, ifname, netns, tuple(ns) if ns else None,
                    (dir_[0], dir_[1], tuple(dir_[2])) if dir_ else None,
