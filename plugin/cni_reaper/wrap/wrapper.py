@@ -107,7 +107,8 @@ def _quiet(settings: Settings, env: Mapping[str, str]) -> None:
 
     log.never_to_stderr()
     given = settings.keys.get("logFile")
-    log.begin(given if isinstance(given, str) and given.startswith("/") else DEFAULT_LOG_FILE, stderr=False,
+    usable = isinstance(given, str) and (given == "" or given.startswith("/"))  # "": no log file, as in a conflist
+    log.begin(given if usable else DEFAULT_LOG_FILE, stderr=False,
               verb=env.get("CNI_COMMAND", ""), containerID=env.get("CNI_CONTAINERID", ""))
 
 
