@@ -70,6 +70,7 @@ def main(name: str) -> int:
         return code if code > 0 else 1
     if code < 0:  # killed by a signal: so is the wrapper, and the runtime sees what it would have seen
         _die_of(-code)
+        return 128 - code  # a signal that does not end a process by default
     return code
 
 
@@ -123,8 +124,12 @@ def _die_of(signum: int) -> None:
 
 
 def _cannot_run(name: str, plugin: str, errno: int, command: str) -> int:
-    msg = f"cni-reaper wraps {name}, but {plugin} cannot be run: {os.strerror(errno)}"
-    fix = f"reinstall the reference plugins' {name} there (the runtime alone would fail the same way)"
+    return _fail(f"cni-reaper wraps {name}, but {plugin} cannot be run: {os.strerror(errno)}",
+                 f"reinstall the reference plugins' {name} there (the runtime alone would fail the same way)", command)
+
+
+def _fail(msg: str, fix: str, command: str) -> int:
+    """A failure of the wrapper itself: CNI error 5 on stdout for a CNI call, a line on stderr for a bare run."""
     if command:
         os.write(1, jsonio.dumps({"cniVersion": "1.1.0", "code": 5, "msg": msg, "details": fix}).encode())
     else:
@@ -134,15 +139,9 @@ def _cannot_run(name: str, plugin: str, errno: int, command: str) -> int:
 
 def _not_found(name: str, env: Mapping[str, str], settings: Settings, command: str) -> int:
     where = ":".join(real.search_path(env, settings.cni_path)) or "(an empty path)"
-    msg = f"cni-reaper wraps {name}, but no {name} plugin other than cni-reaper is in {where}"
-    fix = (f"install the reference plugins there, or put the wrapper's directory first and the plugins' after it "
-           f"in Nomad's client cni_path (and set cniPath in {settings.path} for runs without CNI_PATH)")
-    if command:
-        err = {"cniVersion": "1.1.0", "code": 5, "msg": msg, "details": fix}
-        os.write(1, jsonio.dumps(err).encode())
-    else:
-        sys.stderr.write(f"{msg}: {fix}\n")
-    return 1
+    return _fail(f"cni-reaper wraps {name}, but no {name} plugin other than cni-reaper is in {where}",
+                 f"install the reference plugins there, or put the wrapper's directory first and the plugins' after "
+                 f"it in Nomad's client cni_path (and set cniPath in {settings.path} for runs without CNI_PATH)", command)
 
 
 def conf_for(stdin: bytes, result: bytes | None, settings: Settings) -> dict[str, Any] | None:
