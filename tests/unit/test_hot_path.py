@@ -69,3 +69,41 @@ def test_a_del_that_must_clean_does_load_the_machinery(tmp_path):
     assert run_verb("ADD", conf(state))["rc"] == 0
     dead = run_verb("DEL", conf(state), netns="/var/run/netns/gone-for-good")
     assert dead["rc"] == 0 and "cni_reaper.reap.cleanup" in dead["heavy"]
+
+
+WRAP_PROBE = """
+import sys
+heavy_names = eval(sys.argv[1])
+before = set(sys.modules)
+sys.argv = [sys.argv[2]]  # run as the wrapper link
+from cni_reaper.wrap.wrapper import main
+rc = main("portmap")
+heavy = sorted({m.split(".")[0] if not m.startswith("cni_reaper") else m for m in set(sys.modules) - before
+                if m.startswith(heavy_names)})
+sys.stdout.write("\\n" + repr({"rc": rc, "heavy": heavy}) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("command", ["", "VERSION", "ADD"])
+def test_the_wrapper_imports_nothing_heavy_around_the_real_plugin(tmp_path, command):
+    """The fingerprint, VERSION and an ADD through the wrapper (the real plugin a stand-in that answers): the
+    wrapper's own imports (its timer's signal module included) stay as light as a chained call's."""
+    real = tmp_path / "plugins" / "portmap"
+    real.parent.mkdir()
+    real.write_text('#!/bin/sh\ncat >/dev/null\necho \'{"cniVersion": "0.4.0", "ips": []}\'\n')
+    real.chmod(0o755)
+    link = tmp_path / "wrap" / "portmap"
+    link.parent.mkdir()
+    link.symlink_to(sys.executable)  # any file other than the real one: the wrapper is judged by identity
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"stateDir": str(tmp_path / "s"), "logFile": "", "cniCacheDir": str(tmp_path / "c"),
+                                    "ipamDataDir": str(tmp_path / "i")}))
+    env = {"CNI_PATH": f"{link.parent}:{real.parent}", "CNI_REAPER_CONFIG": str(settings), "CNI_CONTAINERID": "alloc-1",
+           "CNI_NETNS": NETNS, "CNI_IFNAME": "eth0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    if command:
+        env["CNI_COMMAND"] = command
+    stdin = json.dumps({**conf(tmp_path / "s", runtimeConfig={"portMappings": []}), "type": "portmap"})
+    proc = subprocess.run([sys.executable, "-c", WRAP_PROBE, repr(HEAVY), str(link)], input=stdin,
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert ast.literal_eval(proc.stdout.splitlines()[-1]) == {"rc": 0, "heavy": []}, proc.stdout

@@ -7,8 +7,8 @@ fails told to the parent through a close-on-exec pipe."""
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: `signal` imports enum, milliseconds on every call
 import os
-import signal
 
 
 class ExecFailed(Exception):

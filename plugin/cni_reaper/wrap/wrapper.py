@@ -114,7 +114,7 @@ def _quiet(settings: Settings, env: Mapping[str, str]) -> None:
 
 
 def _die_of(signum: int) -> None:
-    import signal
+    import _signal as signal  # not `signal`: it imports enum
 
     try:
         signal.signal(signum, signal.SIG_DFL)
@@ -171,7 +171,7 @@ def conf_for(stdin: bytes, result: bytes | None, settings: Settings) -> dict[str
 
 def _own(command: str, stdin: bytes, result: bytes | None, env: dict[str, str], settings: Settings) -> None:
     """cni-reaper's own part of the call, which never changes its outcome and is bounded in time."""
-    import signal
+    import _signal as signal  # not `signal`: it imports enum, milliseconds on every call
 
     def out_of_time(signum: int, frame: Any) -> None:
         raise Budget()
