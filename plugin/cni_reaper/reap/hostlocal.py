@@ -115,6 +115,18 @@ def _is_address(name: str) -> bool:
         return False
 
 
+def holds_any(data_dir: str) -> bool:
+    """Whether host-local holds any address in any network under data_dir."""
+    for n in networks_in(data_dir):
+        try:
+            names = os.listdir(os.path.join(data_dir, n))
+        except OSError:
+            continue
+        if any((":" in name or name[:1].isdigit()) and _is_address(name) for name in names):
+            return True
+    return False
+
+
 def networks_in(data_dir: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir(data_dir) if os.path.isdir(os.path.join(data_dir, n)))

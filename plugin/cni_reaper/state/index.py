@@ -26,15 +26,6 @@ VERSION = 4
 MAX_BYTES = 64 << 20
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _ints(v: Any, n: int, last_optional: bool = False) -> bool:
-    return isinstance(v, list) and len(v) == n and all(
-        _is_int(x) or (last_optional and i == n - 1 and x is None) for i, x in enumerate(v))
-
-
 class Entry:
     """One record's entry (a slotted class: `dataclasses` costs milliseconds to import on the hot path)."""
 
@@ -81,7 +72,7 @@ class Entry:
             ino, network, cid, ifname, netns, ns, dir_, host, veth, at, cached, verify, earlier, ips, cache_dir, left = v
         except (TypeError, ValueError):
             return None
-        # `type(x) is int` is _is_int for what JSON gives (no int subclass but bool); inline for 1,000 entries a call
+        # `type(x) is int`: an int and not a bool, for what JSON gives; inline, for 1,000 entries a call
         i, t, lst = int, str, list
         if not (type(ino) is i and type(network) is t and type(cid) is t and type(ifname) is t and type(netns) is t
                 and (ns is None or (type(ns) is lst and len(ns) == 3 and type(ns[0]) is i and type(ns[1]) is i

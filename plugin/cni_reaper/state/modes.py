@@ -3,8 +3,7 @@
 - `.modes`: each network's mode (clean or observe) as its own calls last said it, so that a sweep run by
   another network's call, or by the CLI, treats that network's dead attachments as their network says:
   observed, not removed. Read by every call's sweep (stale or not), written only when a network's mode
-  changes, durably: if it were lost, a network in
-  observe mode would be cleaned by others' sweeps.
+  changes, durably: if it were lost, a network in observe mode would be cleaned by others' sweeps.
 - `.observed`: for each attachment that observe mode would clean, a digest of what it would remove, so that
   its "would remove" log line and counters come once per attachment and change, not once per call.
 """

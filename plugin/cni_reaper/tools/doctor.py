@@ -259,6 +259,7 @@ def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
     libcni's cache (whose results directory libcni makes at its first ADD: missing before any record is
     normal), host-local's directories."""
     from cni_reaper.reap import cache
+    from cni_reaper.reap.hostlocal import holds_any
 
     out = []
     if view.host.problem:
@@ -272,7 +273,7 @@ def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
                            "sees them"))
     for conf in {c.cniCacheDir: c for c in confs}.values():
         problem = cache.view(conf.cniCacheDir)
-        fresh = not recorded and not _reserved(conf.ipamDataDir)
+        fresh = not recorded and not holds_any(conf.ipamDataDir)  # no runtime has added anything yet
         if problem and fresh and not os.path.exists(cache.results_dir(conf.cniCacheDir)):
             out.append(Finding(OK, "cni-cache", "", f"libcni's cache {cache.results_dir(conf.cniCacheDir)} is not made "
                                "yet (libcni makes it at the first ADD; nothing is recorded or reserved yet)"))
@@ -285,24 +286,6 @@ def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
     for conf in confs:
         out += _symlinked_ipam(conf)
     return out
-
-
-def _reserved(data_dir: str) -> bool:
-    """Whether host-local holds any address under data_dir: then some runtime has added attachments, and a
-    missing libcni cache means the runtime's is elsewhere."""
-    try:
-        networks = os.scandir(data_dir)
-    except OSError:
-        return False
-    with networks:
-        for network in networks:
-            try:
-                if network.is_dir() and any(f.name != "lock" and not f.name.startswith("last_reserved_ip")
-                                            for f in os.scandir(network.path)):
-                    return True
-            except OSError:
-                continue
-    return False
 
 
 def _symlinked_ipam(conf) -> list[Finding]:
