@@ -346,8 +346,14 @@ def test_a_full_disk_is_a_clear_io_error_on_add_and_del_and_status_still_succeed
 
 # -- the index: with nothing stale, a verb reads no other attachment's record -----------------------
 def index_entries(state) -> dict:
-    """The index as a reader sees it: written whole, then the journal's changes."""
-    entries = json.loads((state / ".index").read_text())["entries"]
+    """The index as a reader sees it: written whole, then the journal's changes (as JSON lists)."""
+    import marshal
+
+    from cni_reaper.state.index import Entry, decode
+
+    whole, why = decode((state / ".index").read_bytes())
+    assert whole is not None, why
+    entries = {n: Entry(*marshal.loads(b)).to_list() for n, b in whole[2].items()}
     journal = state / ".index-journal"
     for line in journal.read_text().splitlines() if journal.exists() else []:
         name, entry = json.loads(line)
@@ -442,3 +448,74 @@ def test_the_index_journal_stays_short_and_a_cut_line_is_found_out(tmp_path):
     entries = index_entries(state)
     assert sorted(entries) == sorted(p.name for p in state.glob("r-*.json"))
     assert not journal.exists() or "r-cut" not in journal.read_text()
+
+
+def test_the_quick_judgement_of_the_index_says_what_the_full_one_says(tmp_path):
+    """With nothing stale a verb judges a thousand live entries in one batch, one lstat each (index.quick,
+    evidence.live_at_path): for every kind of entry it must give the state the full judgement gives, and it
+    must be what judges the plain live ones (else the batch proves nothing)."""
+    import subprocess
+
+    from cni_reaper.reap import probes
+    from cni_reaper.reap.evidence import LIVE, View
+    from cni_reaper.reap.sweep import judge_entry, judge_indexed
+    from cni_reaper.state.index import Entry
+    from cni_reaper.state.store import Store
+
+    where = tmp_path / "netns"
+    where.mkdir()
+    pinned = []
+    for i in range(3):  # namespaces pinned at paths, as Nomad and iproute2 pin them (in this test's mount namespace)
+        p = where / f"ns-{i}"
+        p.touch()
+        subprocess.run(["unshare", f"--net={p}", "true"], check=True)
+        pinned.append(p)
+    os.symlink(pinned[0], where / "link")
+    try:
+        h = probes.host()
+        host = (h.boot, h.machine, h.netns, h.mnt)
+        d = os.stat(where)
+        dir_ = (d.st_dev, d.st_ino, ())
+
+        def ident(p):
+            st = os.stat(p)
+            return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+        a, b, c = (ident(p) for p in pinned)
+        subprocess.run(["umount", str(pinned[2])], check=True)  # gone: its path holds a plain file now
+        cases = {
+            "live": dict(netns=str(pinned[0]), ns=a),
+            "recycled": dict(netns=str(pinned[1]), ns=(b[0], b[1], b[2] - 1)),  # same inode, made at another time
+            "other-inode": dict(netns=str(pinned[1]), ns=(b[0], b[1] + 1, b[2])),
+            "gone": dict(netns=str(pinned[2]), ns=c),
+            "missing": dict(netns=str(where / "never"), ns=a),
+            "symlink": dict(netns=str(where / "link"), ns=a),  # reaches the live one through a symlink
+            "proc": dict(netns="/proc/self/ns/net", ns=(h.nsfs, h.netns, None)),
+            "another-boot": dict(netns=str(pinned[0]), ns=a, host=("another", h.machine, h.netns, h.mnt)),
+            "another-machine": dict(netns=str(pinned[0]), ns=a, host=(h.boot, "another", h.netns, h.mnt)),
+            "no-host": dict(netns=str(pinned[0]), ns=a, host=None),
+            "earlier": dict(netns=str(pinned[0]), ns=a, earlier=True),
+            "tombstone": dict(netns=str(pinned[0]), ns=a, deleted_at=1.0),
+            "tombstone-gone": dict(netns=str(pinned[2]), ns=c, deleted_at=1.0, cached=False),
+        }
+        store = Store(str(tmp_path / "s")).open()
+        with store.locked():
+            for i, (name, kw) in enumerate(cases.items()):
+                e = Entry(i, "net", name, "eth0", kw["netns"], kw["ns"], dir_, kw.get("host", host), None,
+                          kw.get("deleted_at"), kw.get("cached"), False, kw.get("earlier", False), [], None)
+                assert store.index is not None
+                store.index.put(f"r-{name}.json", e)
+            view = View()
+            entries, quick_states = judge_indexed(store, view, str(tmp_path / "cache"), every=True)
+            full = {n: judge_entry(e, View(), str(tmp_path / "cache")) for n, e in entries.items()}
+            assert quick_states == full
+            assert full["r-live.json"] == LIVE and full["r-gone.json"] != LIVE and full["r-recycled.json"] != LIVE
+            # the plain live entry was judged by the batch, and not read in full
+            from cni_reaper.reap.evidence import live_at_path
+
+            assert live_at_path(store.quick(), view) == {"r-live.json"}
+            assert "r-live.json" not in judge_indexed(store, view, str(tmp_path / "cache"))[0]
+        store.close()
+    finally:
+        for p in pinned[:2]:
+            subprocess.run(["umount", str(p)], check=False)

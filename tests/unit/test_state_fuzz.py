@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import time
 
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cni_reaper.state import record as rec
-from cni_reaper.state.index import INDEX_NAME, JOURNAL_NAME, Entry
+from cni_reaper.state.index import INDEX_NAME, JOURNAL_NAME, MAGIC, Entry
 from cni_reaper.state.store import Store, record_name
 from testkit.cni import NETNS, conf, invoke, prev_result
 
@@ -56,6 +57,25 @@ def _places(doc, prefix=()):
             yield from _places(doc[i], prefix + (i,))
 
 
+def _sealed(body: bytes) -> bytes:
+    """An index file around `body`, its checksum right (what only a writer of another build could leave)."""
+    import zlib
+
+    return MAGIC + zlib.crc32(body).to_bytes(4, "big") + body
+
+
+_ENTRY: tuple = (1, "n", "c", "eth0", "/p", (1, 2, 3), (1, 2, ()), ("b", "m", 1, 1), ("v", 1), None, None, False, False, [],
+          None, False)
+INDEXES = [None, b"", b"{}", b'{"version": 4, "entries": {"r-x.json": [1]}}', b"\x00" * 10,  # older and junk
+           MAGIC, MAGIC + b"\0\0", MAGIC + b"\0\0\0\0" + marshal.dumps({}), _sealed(b"\xff" * 9),  # cut, damaged
+           _sealed(marshal.dumps([1])), _sealed(marshal.dumps(({}, {}, {"r-x.json": b""}))),  # not entries
+           _sealed(marshal.dumps(({"r-x.json": 1}, {}, {"r-x.json": marshal.dumps((1, "n"))}))),
+           _sealed(marshal.dumps(({"r-x.json": 1}, {}, {"r-x.json": marshal.dumps(_ENTRY)}))),  # no such record
+           _sealed(marshal.dumps(({"r-x.json": 1}, {("b", "m", 1, 1): {"r-x.json": ("/", (1, 2, 3))}},
+                                  {"r-x.json": marshal.dumps(_ENTRY)}))),
+           _sealed(marshal.dumps(({"r-x.json": 1}, {1: 2}, {"r-x.json": b"\xff"})))]
+
+
 @st.composite
 def damage(draw):
     """A state directory's worth of damage: records with a field replaced, removed or grown past its limit,
@@ -75,8 +95,7 @@ def damage(draw):
                 container[path[-1]] = draw(JUNK)
         records.append(r)
     raw = draw(st.sampled_from([b"", b"{", b"\xff\xfe", b"[]", b"null", b'{"schema": 2}', b"x" * 100]))
-    index = draw(st.sampled_from([None, b"", b"{}", b'{"version": 3, "entries": {"r-x.json": [1]}}',
-                                  b'{"version": 3, "entries": []}', b"\x00" * 10]))
+    index = draw(st.sampled_from(INDEXES))
     journal = draw(st.sampled_from([None, b'["r-x.json", [1, "n"', b"[1]\n", b'["r-y.json", null]\n', b"\n\n"]))
     return records, raw, index, journal
 

@@ -227,7 +227,9 @@ def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], 
     forgets it, then its own reservation (if there is one still) is removed. A later DEL of the dead
     attachment (the runtime's, or libcni 1.3's GC) would otherwise hand the address to the firewall plugin,
     which deletes the rules of whoever holds the address by then: the next allocation that got it, from
-    cni-reaper's release or from a boot that emptied host-local's directory."""
+    cni-reaper's release or from a boot that emptied host-local's directory. The reservations are journaled
+    together, before any goes (one fsync, not one per address)."""
+    due: list[tuple[Target, Reservation]] = []
     for t in targets:
         if "reservation" not in t.parts or t.key in outcome.failed or not t.dead_ips:
             continue
@@ -235,26 +237,32 @@ def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], 
             continue
         for ip in sorted(t.dead_ips):
             _verify_dir(t, ip, dirs, outcome)
-            for r in claims.releasable(t, ip):
-                if settings.dry_run or _release_one(t, r, dirs, settings, outcome):
-                    outcome.note(t.key, f"host-local reservation {r.network}/{ip}", "reservation")
+            due += [(t, r) for r in claims.releasable(t, ip) if settings.dry_run or (r.data_dir, r.network) in dirs]
+    released = list(range(len(due))) if settings.dry_run else _release_all(due, dirs, settings, outcome)
+    for i in released:
+        t, r = due[i]
+        outcome.note(t.key, f"host-local reservation {r.network}/{r.ip}", "reservation")
 
 
-def _release_one(t: Target, r: Reservation, dirs: dict[tuple[str, str], NetworkDir], settings: Settings,
-                 outcome: Outcome) -> bool:
-    d = dirs.get((r.data_dir, r.network))
-    if d is None:
-        return False
-    item = {"kind": "reservation", "key": list(t.key), "dataDir": r.data_dir, "network": r.network, "ip": r.ip,
-            "content": r.content, "mode": r.mode}
-    try:
-        event = settings.note([item])
-    except OSError as exc:
-        outcome.errors.append(f"the journal cannot be written ({exc.strerror}); reservation {r.ip} kept")
-        outcome.failed.add(t.key)
-        return False
-    released = d.release(r)
-    settings.noted(event, [0] if released else [])
+def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, str], NetworkDir], settings: Settings,
+                 outcome: Outcome) -> list[int]:
+    """Remove the reservations `due`, journaled first, a batch at a time; the indexes of those removed."""
+    from cni_reaper.state.journal import batches
+
+    items = [{"kind": "reservation", "key": list(t.key), "dataDir": r.data_dir, "network": r.network, "ip": r.ip,
+              "content": r.content, "mode": r.mode} for t, r in due]
+    released: list[int] = []
+    for start, end in batches(items):
+        try:
+            event = settings.note(items[start:end])
+        except OSError as exc:
+            for t, r in due[start:]:
+                outcome.errors.append(f"the journal cannot be written ({exc.strerror}); reservation {r.ip} kept")
+                outcome.failed.add(t.key)
+            break
+        done = [i for i in range(start, end) if dirs[(due[i][1].data_dir, due[i][1].network)].release(due[i][1])]
+        settings.noted(event, [i - start for i in done])
+        released += done
     return released
 
 

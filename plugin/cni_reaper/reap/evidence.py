@@ -52,27 +52,26 @@ TOMBSTONE_GRACE_SECONDS = 60.0
 
 
 class Facts:
-    """What a life's record (or its index entry) says that the judgement reads."""
+    """What a life's record (or its index entry) says that the judgement reads. `host` is (boot, machine,
+    netns, mnt), `veth` (name, ifindex), as the index holds them."""
 
     __slots__ = ("boot", "dir", "groups", "host_netns", "machine", "mnt", "netns", "ns", "veth", "veth_index")
 
-    def __init__(self, netns: str, ns: tuple | None, dir_: tuple | None, host: dict[str, Any] | None,
-                 veth: dict[str, Any] | None) -> None:
+    def __init__(self, netns: str, ns: tuple | None, dir_: tuple | None, host: tuple | None,
+                 veth: tuple | None) -> None:
         self.netns, self.ns = netns, ns
         self.dir = dir_[:2] if dir_ else None
         self.groups = tuple(dir_[2]) if dir_ and len(dir_) > 2 else None
-        self.boot = host["boot"] if host else None
-        self.machine = host["machine"] if host else ""
-        self.host_netns = host["netns"] if host else None
-        self.mnt = host.get("mnt") if host else None
-        self.veth = veth["name"] if veth else None
-        self.veth_index = veth["ifindex"] if veth else None
+        self.boot, self.machine, self.host_netns, self.mnt = host if host else (None, "", None, None)
+        self.veth, self.veth_index = veth if veth else (None, None)
 
     @classmethod
     def of_life(cls, life: dict[str, Any]) -> Facts:
-        n, d = life["netnsId"], life.get("netnsDir")
+        n, d, h, v = life["netnsId"], life.get("netnsDir"), life.get("host"), life.get("veth")
         return cls(life["netns"], (n["dev"], n["ino"], n.get("ctime")) if n else None,
-                   (d["dev"], d["ino"], tuple(d.get("groups", ()))) if d else None, life.get("host"), life.get("veth"))
+                   (d["dev"], d["ino"], tuple(d.get("groups", ()))) if d else None,
+                   (h["boot"], h["machine"], h["netns"], h.get("mnt")) if h else None,
+                   (v["name"], v["ifindex"]) if v else None)
 
     @classmethod
     def of_entry(cls, e: Entry) -> Facts:
@@ -174,6 +173,21 @@ def judge_life(f: Facts, view: View) -> tuple[str, str]:
     if link == DEAD:
         return DEAD, link_why
     return UNKNOWN, f"{path_why}; {link_why}"
+
+
+def live_at_path(quick: dict[tuple, dict[str, tuple]], view: View) -> set[str]:
+    """Of the entries given by host as {host: {name: (netns path, (dev, ino, ctime) recorded)}} (index.quick),
+    the names of those that are LIVE by judge_life's first rule: in this boot, on this machine, the path
+    holds the very namespace recorded, seen with one lstat each. The others are judged in full. A verb's
+    sweep looks at every live attachment of the node: a thousand on a busy client."""
+    h = view.host
+    if h.boot is None or h.nsfs is None:
+        return set()
+    live: set[str] = set()
+    for host, group in quick.items():
+        if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
+            live.update(probes.holding(group))
+    return live
 
 
 def out_of_reach(f: Facts, view: View) -> str | None:

@@ -110,6 +110,23 @@ def netns_id(path: str | None) -> dict[str, Any] | None:
     return {"dev": st.st_dev, "ino": st.st_ino, "ctime": st.st_ctime_ns if pinned else None}
 
 
+def holding(group: dict[str, tuple[str, tuple[int, int, int]]]) -> list[str]:
+    """Of `group` (name -> (netns path, (dev, ino, ctime) of a namespace pinned there)), the names whose path
+    holds that very namespace now, seen with one lstat each (a path that is a symlink, or holds something
+    else, is not listed: netns_id says what is there). The identity is an nsfs one: no symlink has it. A
+    batch: a sweep looks at every live attachment of the node on every call."""
+    lstat = os.lstat
+    out = []
+    for name, (path, ident) in group.items():
+        try:
+            st = lstat(path)
+        except (OSError, ValueError, TypeError):
+            continue
+        if (st.st_ino, st.st_dev, st.st_ctime_ns) == (ident[1], ident[0], ident[2]):
+            out.append(name)
+    return out
+
+
 def dir_id(path: str) -> dict[str, Any] | None:
     try:
         st = os.stat(path)

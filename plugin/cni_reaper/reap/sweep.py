@@ -38,6 +38,7 @@ from cni_reaper.reap.evidence import (
     View,
     judge_life,
     judge_tombstone,
+    live_at_path,
     out_of_reach,
 )
 from cni_reaper.state.record import ips, key, parse_time
@@ -86,6 +87,14 @@ def judge_entry(e: Entry, view: View, cache_dir: str) -> str:
         state = judge_life(f, view)[0]
         return LEFT if e.left and state == DEAD else state
     return judge_tombstone(f, e.deleted_at, e.cached, cache.exists(e.cache_dir or cache_dir, *e.key), view)[0]
+
+
+def judge_indexed(store: Store, view: View, cache_dir: str, every: bool = False) -> tuple[dict[str, Entry], dict[str, str]]:
+    """The entries (all of them with `every`, else all but those seen LIVE in the quick batch) and each one's
+    state (record file name -> state)."""
+    live = live_at_path(store.quick(), view)
+    entries = store.entries() if every else store.entries(but=live)
+    return entries, {n: LIVE if n in live else judge_entry(e, view, cache_dir) for n, e in entries.items()}
 
 
 class Judged:
@@ -165,10 +174,10 @@ def select_indexed(store: Store, view: View, conf: Any, exclude: frozenset = fro
     """The selection of a verb's sweep from the index: records are read only when the index says they are
     to be cleaned, have earlier lives, or cannot be judged (what they hold must be known whole)."""
     sel = Selection(view)
-    entries = store.entries()
     wanted = []
+    entries, states = judge_indexed(store, view, conf.cniCacheDir, every=True)
     for name, e in entries.items():
-        state = judge_entry(e, view, conf.cniCacheDir)
+        state = states[name]
         if (state in HOLDING or e.key in exclude) and not (e.earlier or state == UNKNOWN):
             sel.hold(e.key, set(e.ips))
         elif state in SWEEPABLE or e.earlier or state == UNKNOWN:
@@ -334,26 +343,40 @@ def _left_for_the_runtime(store: Store, j: Judged, outcome: Outcome, watching: s
     return True
 
 
-def _settle_one(store: Store, j: Judged, watching: set[str], journal: Journal) -> bool:
-    """Drop (True when it was a dead attachment's) or trim one record whose clean-up went through, the record
-    as it was journaled first (undo puts it back)."""
-    k, r = j.key, j.record
-    if k[0] in watching and not (j.state == DONE and not (r["deleted"] or {}).get("verify", True)):
-        return False  # observe mode: nothing of it was removed
+def _settling(j: Judged, watching: set[str]) -> list[dict[str, Any]] | None:
+    """The earlier lives a record keeps when its clean-up went through (None: it is not settled now). A
+    record of a dead attachment is dropped; one whose dead earlier lives were cleaned is trimmed."""
+    r = j.record
+    if j.key[0] in watching and not (j.state == DONE and not (r["deleted"] or {}).get("verify", True)):
+        return None  # observe mode: nothing of it was removed
     kept = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
     if not (j.state in SWEEPABLE or (j.state == LIVE and len(kept) != len(r["earlier"]))):
-        return False
-    try:
-        event = journal.intent(log.field("verb"), [{"kind": "record", "key": list(k), "record": r}])
-    except OSError:
-        return False  # not noted: the record stays, and so it is looked at again
-    if j.state in SWEEPABLE:
-        store.remove(*k, sync=False)
-        log.info("record dropped", network=k[0], containerID=k[1], ifname=k[2], state=j.state, why=j.why)
-    else:
-        store.save(dict(r, earlier=kept))
-    journal.done(event, [0])
-    return j.state in SWEEPABLE
+        return None
+    return kept
+
+
+def _settle_all(store: Store, due: list[tuple[Judged, list[dict[str, Any]]]], journal: Journal) -> list[Judged]:
+    """Drop or trim the records `due`, each as it was journaled first (undo puts it back; one fsync for all);
+    the judged records that were dropped."""
+    from cni_reaper.state.journal import batches
+
+    items = [{"kind": "record", "key": list(j.key), "record": j.record} for j, _ in due]
+    dropped: list[Judged] = []
+    for start, end in batches(items):
+        try:
+            event = journal.intent(log.field("verb"), items[start:end])
+        except OSError:
+            return dropped  # not noted: the records stay, and so they are looked at again
+        for j, kept in due[start:end]:
+            k = j.key
+            if j.state in SWEEPABLE:
+                store.remove(*k, sync=False)
+                log.info("record dropped", network=k[0], containerID=k[1], ifname=k[2], state=j.state, why=j.why)
+                dropped.append(j)
+            else:
+                store.save(dict(j.record, earlier=kept))
+        journal.done(event, list(range(end - start)))
+    return dropped
 
 
 def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome, seconds: float,
@@ -363,12 +386,16 @@ def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome
     that left nothing to look at."""
     from cni_reaper.state import counters
 
-    cleaned: dict[str, int] = {}
+    due = []
     for j in sel.judged:
-        if _left_for_the_runtime(store, j, outcome, watching):
+        if _left_for_the_runtime(store, j, outcome, watching) or j.key in outcome.kept:
             continue
-        dropped = j.key not in outcome.kept and _settle_one(store, j, watching, journal)
-        if dropped and (j.state != DONE or j.key in outcome.removed):  # a DEL that went well is no dead attachment
+        kept = _settling(j, watching)
+        if kept is not None:
+            due.append((j, kept))
+    cleaned: dict[str, int] = {}
+    for j in _settle_all(store, due, journal):
+        if j.state != DONE or j.key in outcome.removed:  # a DEL that went well is no dead attachment
             cleaned[j.key[0]] = cleaned.get(j.key[0], 0) + 1
     for t in sel.extra:  # attachments with no record (orphans, GC's): cleaned if something of theirs was
         if t.whole and t.key in outcome.removed and t.key not in outcome.kept:
@@ -383,11 +410,11 @@ def stale(store: Store, conf: Any, view: View, exclude: frozenset = frozenset())
     """From the index alone: (whether any record is to be cleaned, the finished DELs whose records can go
     without a look at the tables)."""
     found, done = False, []
-    entries = store.entries()
-    for e in entries.values():
-        if e.key in exclude:
+    entries, states = judge_indexed(store, view, conf.cniCacheDir)
+    for name, e in entries.items():
+        if exclude and e.key in exclude:
             continue
-        state = judge_entry(e, view, conf.cniCacheDir)
+        state = states[name]
         if state == DONE and not e.verify:
             done.append(e.key)
         elif state in SWEEPABLE or (state == LIVE and e.earlier):

@@ -32,6 +32,22 @@ NAME = ".journal"
 OLD = ".journal.1"
 MAX_BYTES = 4 << 20
 MAX_AGE = 30 * 86400.0
+BATCH = 256  # items per intent at most, when many go at once (one fsync per intent, not per item)
+BATCH_BYTES = 1 << 20  # and about this many bytes: a record may be large, a line stays far below MAX_BYTES
+
+
+def batches(items: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The slices (start, end) of `items` to journal as one intent each."""
+    out, start, size = [], 0, 0
+    for i, item in enumerate(items):
+        n = len(jsonio.dumps(item))
+        if i > start and (i - start >= BATCH or size + n > BATCH_BYTES):
+            out.append((start, i))
+            start, size = i, 0
+        size += n
+    if start < len(items):
+        out.append((start, len(items)))
+    return out
 
 
 class Journal:

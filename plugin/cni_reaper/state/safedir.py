@@ -189,9 +189,9 @@ class SafeDir:
     def sync(self) -> None:
         os.fsync(self.dfd)
 
-    def scan(self) -> list[tuple[str, int]]:
-        """(name, inode) of every entry: one getdents, no stat."""
-        return [(e.name, e.inode()) for e in os.scandir(self.dfd)]
+    def scan(self) -> dict[str, int]:
+        """name -> inode of every entry: one getdents, no stat."""
+        return {e.name: e.inode() for e in os.scandir(self.dfd)}
 
     def sweep_temps(self, names: list[str]) -> None:
         """Remove the temp files among `names`: only a writer that died leaves one (the caller holds the lock)."""

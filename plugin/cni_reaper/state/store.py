@@ -107,7 +107,7 @@ class Store:
         """Delete a record; with sync=False the caller calls sync() once after a batch of removals."""
         name = record_name(network, container_id, ifname)
         gone = self.dir.unlink(name)
-        if self.index is not None and name in self.index.entries:
+        if self.index is not None and name in self.index.inos:
             self.index.set(name, None, write=sync)
         if gone and sync:
             self.dir.sync()
@@ -119,7 +119,7 @@ class Store:
             self.index.flush()
 
     def names(self) -> list[str]:
-        return sorted(n for n, _ in self.dir.scan() if is_record_name(n))
+        return sorted(n for n in self.dir.scan() if is_record_name(n))
 
     def records(self):
         for name in self.names():
@@ -127,24 +127,36 @@ class Store:
             if record is not None:
                 yield record
 
-    def entries(self) -> dict[str, Entry]:
-        """The index (the caller holds the lock)."""
+    def entries(self, but: set[str] | None = None) -> dict[str, Entry]:
+        """The index (the caller holds the lock): every record file's entry, or every one but those named."""
         assert self.index is not None, "the index is valid only under the state lock"
-        return self.index.entries
+        return self.index.entries_but(but) if but else self.index.entries
+
+    def quick(self) -> dict[tuple, dict[str, tuple]]:
+        """What the quick judgement reads of the entries it can judge, by host (index.quick_of)."""
+        assert self.index is not None, "the index is valid only under the state lock"
+        return self.index.quick
 
     # -- the index under the lock ----------------------------------------------------------------
     def _load_index(self) -> None:
-        scan = self.dir.scan()
-        self.dir.sweep_temps([n for n, _ in scan])
-        found = {n: ino for n, ino in scan if is_record_name(n)}
+        found = self.dir.scan()
+        others = [n for n in found if not is_record_name(n)]
+        self.dir.sweep_temps(others)
+        for n in others:
+            del found[n]
         index = Index(self.dir)
-        if not index.load(found):
+        try:
+            loaded = index.load(found)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # a verb never fails for it
+            log.warn("index unusable; made anew from the records", problem=f"{type(exc).__name__}: {exc}"[:200])
+            index, loaded = Index(self.dir), False
+        if not loaded:
             for name in sorted(found):
                 record = self.load_named(name)
                 if record is None:
                     continue
                 try:
-                    index.entries[name] = Entry.of_record(record, found[name])
+                    index.put(name, Entry.of_record(record, found[name]))
                 except (KeyError, TypeError, ValueError) as exc:  # the check let through what a reader cannot read
                     self._quarantine(name, f"cannot be indexed: {exc}")
             index.write_whole()

@@ -122,16 +122,21 @@ def domains(targets: list[Target], protected: dict, errors: list[str], failed: s
 
     wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
     out: list[Domain] = []
+    chosen: dict[tuple[str, int], Backend | BackendError] = {}  # one selection per setting and family
     for family in _families(wanted):
         groups: dict[str, tuple[Backend, list[Target]]] = {}
         for t in wanted:
             if family not in _families([t]):
                 continue
-            try:
-                b = backend_for(family) if backend_for else select(t.backend, family)
-            except BackendError as exc:
+            if (t.backend, family) not in chosen:
+                try:
+                    chosen[(t.backend, family)] = backend_for(family) if backend_for else select(t.backend, family)
+                except BackendError as exc:
+                    chosen[(t.backend, family)] = exc
+            b = chosen[(t.backend, family)]
+            if isinstance(b, BackendError):
                 if any((":" in ip) == (family == 6) for ip in t.dead_ips):
-                    errors.append(f"ipv{family}: {exc}")
+                    errors.append(f"ipv{family}: {b}")
                     failed.add(t.key)
                 continue
             if b is not None:
