@@ -3,6 +3,9 @@ reference plugins write (README, "What a dead attachment leaves") plus look-alik
 
 from __future__ import annotations
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
 from cni_reaper.reap.netfilter import chains
 from cni_reaper.reap.netfilter.iptables.plan import plan, tagged_networks
 from cni_reaper.reap.netfilter.iptables.restore import restore_text
@@ -222,3 +225,14 @@ def test_a_held_xtables_lock_is_reported_as_such_by_the_restore_backend():
     with pytest.raises(BackendError) as failed:
         backend._run(["/bin/sh", "-c", "echo 'line 2 failed' >&2; exit 1"])
     assert not isinstance(failed.value, LockHeld) and "line 2 failed" in str(failed.value)
+
+
+@given(st.text(st.sampled_from(['a', 'b', ' ', '"', '\\', '-', '\0', 'é']), max_size=40))
+@settings(max_examples=3000, deadline=None)
+@example('-m comment --comment "name: \\"nomad\\" id: \\"x\\"" -j CNI-1')
+@example('a"b c"d "" \\"e\\\\" f')
+def test_the_fast_split_of_a_saved_rule_reads_as_the_reference_reader(spec):
+    """split() cuts the plugins' quoted comments in C; character by character (_split_slow) is the reference."""
+    from cni_reaper.reap.netfilter.iptables.rules import _split_slow, split
+
+    assert split(spec) == _split_slow(spec)

@@ -23,6 +23,7 @@ class SaveRestoreBackend:
     def __init__(self, flavour: str) -> None:
         self.flavour = flavour
         self.name = f"iptables-{flavour}-restore"
+        self._last: dict[int, tuple[str, dict[str, Table]]] = {}  # family -> the last save (no comments), parsed
 
     def _tool(self, family: int, kind: str) -> str:
         name = f"{'ip6' if family == 6 else 'ip'}tables-{self.flavour}-{kind}"
@@ -46,9 +47,16 @@ class SaveRestoreBackend:
         return proc.stdout
 
     def read(self, family: int) -> dict[str, Table]:
-        # one process for all tables: cheaper than one per table
-        tables = parse_save(self._run([self._tool(family, "save")]))
-        return {name: tables[name] for name in TABLES if name in tables}
+        # one process for all tables: cheaper than one per table. A save equal to the last one (but for its
+        # comments: the time) is not parsed again (python-iptables reads again under the lock before it commits)
+        text = "\n".join(line for line in self._run([self._tool(family, "save")]).splitlines() if not line.startswith("#"))
+        last = self._last.get(family)
+        if last is not None and last[0] == text:
+            return last[1]
+        tables = parse_save(text)
+        tables = {name: tables[name] for name in TABLES if name in tables}
+        self._last[family] = (text, tables)
+        return tables
 
     def apply(self, family: int, ops: list[Op]) -> None:
         if ops:

@@ -23,6 +23,10 @@ class _Native:
         self.out = NativePlan()
         self.masq = [r for r in rules if (r.family, r.table) == native.MASQ_TABLE and r.chain == native.MASQ_CHAIN
                      and r.action == "masquerade" and r.comment]
+        self.masq_by_hash: dict[str, list[NativeRule]] = {}  # the comment's first field: one dict, not a scan per target
+        for r in self.masq:
+            self.masq_by_hash.setdefault((r.comment or "").split(",", 1)[0], []).append(r)
+        self._masq_by_owner: dict[tuple[str, str], list[NativeRule]] | None = None
         self.by_comment: dict[str, list[NativeRule]] = {}
         for r in rules:
             if (r.family, r.table) in native.HOSTPORT_TABLES and r.comment:
@@ -37,13 +41,24 @@ class _Native:
     def masquerade(self, t: Target) -> None:
         """bridge's rule is the target's when its comment carries the target's hash (network, ifname,
         container ID), or names it and proves it by the hash (an attachment known only by its tags)."""
-        prefix = native.masq_hash(t.network, t.ifname, t.container_id) + "," if t.ifname else None
-        for r in self.masq:
-            comment = r.comment or ""
-            mine = comment.startswith(prefix) if prefix else (
-                (native.masq_owner(comment) or ("", "", ""))[0::2] == (t.network, t.container_id))
-            if mine and (t.any_source or r.saddr in t.dead_ips):
+        if t.ifname:
+            h = native.masq_hash(t.network, t.ifname, t.container_id)
+            mine = [r for r in self.masq_by_hash.get(h, []) if (r.comment or "").startswith(h + ",")]
+        else:
+            mine = self._by_owner().get((t.network, t.container_id), [])
+        for r in mine:
+            if t.any_source or r.saddr in t.dead_ips:
                 self.delete(r, (t.network, t.container_id), f"native masquerade for {r.saddr}", "masq")
+
+    def _by_owner(self) -> dict[tuple[str, str], list[NativeRule]]:
+        """The masquerade rules whose comment names and proves its owner, by (network, container ID)."""
+        if self._masq_by_owner is None:
+            self._masq_by_owner = {}
+            for r in self.masq:
+                who = native.masq_owner(r.comment or "")
+                if who is not None:
+                    self._masq_by_owner.setdefault((who[0], who[2]), []).append(r)
+        return self._masq_by_owner
 
     def hostports(self, t: Target) -> None:
         """portmap's rules carry the container ID; the target's DNAT or masquerade to one of its dead addresses."""
