@@ -14,6 +14,26 @@ echo "test.sh: ruff (lint) and mypy (types)"
 (cd tests && ../.venv/bin/python -c 'from testkit import debian11; debian11.root("amd64"); debian11.root("arm64")') \
   > /tmp/cni-reaper-test-roots.log 2>&1 &
 roots=$!
+# A whole run (no arguments): the stateful property test (test_property.py, thousands of steps per flavour,
+# minutes of plugin calls) runs beside the release build and the rest of the suite, in its own pytest; its
+# output is printed at the end, and either failing fails the run.
+property=""
+if [ $# -eq 0 ]; then
+  .venv/bin/python -m pytest -ra -s -p no:cacheprovider --basetemp=/tmp/cni-reaper-property-tmp \
+    tests/integration/test_property.py > /tmp/cni-reaper-property.log 2>&1 &
+  property=$!
+  trap 'kill "$property" 2>/dev/null || true' EXIT  # a failed build: the property test is not left running
+  set -- --ignore=tests/integration/test_property.py
+fi
 scripts/release.sh  # both architectures' bundles (Debian 11 bases), tarballs and .debs: the suite runs against them
 wait "$roots" || echo "test.sh: making the Debian 11 test roots failed (see /tmp/cni-reaper-test-roots.log); the tests will say why"
-exec .venv/bin/python -m pytest -ra --durations=30 "$@"
+[ -n "$property" ] || exec .venv/bin/python -m pytest -ra --durations=30 "$@"
+rc=0
+.venv/bin/python -m pytest -ra --durations=30 "$@" || rc=$?
+prc=0
+wait "$property" || prc=$?
+trap - EXIT
+echo "test.sh: the property test (tests/integration/test_property.py, run beside the rest):"
+tail -n 40 /tmp/cni-reaper-property.log
+[ "$prc" -eq 0 ] || echo "test.sh: the property test failed (exit $prc; the whole output: /tmp/cni-reaper-property.log)"
+[ "$rc" -eq 0 ] && [ "$prc" -eq 0 ]

@@ -12,7 +12,7 @@ exactly what the reference plugins made for it; every ADD that the reference plu
 free address in the range) succeeded, and every recreate succeeded; at the end, after one more sweep,
 nothing of a dead allocation is left.
 
-Both flavours' walks run at once, each in its own sandbox. CNI_REAPER_PROPERTY_STEPS (default 1000 per
+Both flavours' walks run at once, each in its own sandbox. CNI_REAPER_PROPERTY_STEPS (default 2000 per
 flavour), CNI_REAPER_PROPERTY_SEED (printed on failure) and CNI_REAPER_PROPERTY_FLAVOURS to replay or to run
 longer."""
 
@@ -31,7 +31,7 @@ from testkit.sandbox import Sandbox, Stack, open_sandbox, sh, unique
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
-STEPS = int(os.environ.get("CNI_REAPER_PROPERTY_STEPS", "1000"))
+STEPS = int(os.environ.get("CNI_REAPER_PROPERTY_STEPS", "2000"))
 SEED = os.environ.get("CNI_REAPER_PROPERTY_SEED")
 RANGE = [f"172.26.64.{i}" for i in range(10, 16)]  # six addresses
 ADDRESS = re.compile(r"(\d+\.\d+\.\d+\.\d+)(?:/32|:\d+)")
