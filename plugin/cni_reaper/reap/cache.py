@@ -140,36 +140,60 @@ def entries(cache_dir: str, network: str, container_id: str) -> list[Entry] | No
     return [e for e in found if e is not None and e.network == network and e.container_id == container_id]
 
 
-def forget_addresses(cache_dir: str, network: str, container_id: str, ifname: str, released: set[str],
-                     note: Any = None) -> list[str] | None:
-    """Take the `released` addresses out of the cached result of this attachment (any ifname when "") and
-    write it back atomically; returns the entries changed, or None when an entry names one of them and
-    could not be rewritten. A later DEL of the dead attachment then hands the plugins no address that
-    another attachment may hold by then (the firewall plugin deletes the CNI-FORWARD rules of every address
-    in prevResult). `note(entries)`, when given, gets (entry name, its content as it was) of each entry about
-    to be rewritten first (the journal); an OSError from it stops the rewrite."""
-    changed: list[str] = []
-    found = [e for e in entries(cache_dir, network, container_id) or []
-             if not (ifname and e.ifname != ifname) and released & set(e.ips)]
-    if not found:
-        return changed
-    if note is not None:
+class Results:
+    """One cache's results directory, listed once and kept sorted: a sweep of many dead attachments looks up
+    each one's entries by name prefix (a bisection), not with a listing of the whole directory each."""
+
+    def __init__(self, cache_dir: str) -> None:
+        self.cache_dir = cache_dir
         try:
-            note([(e.name, e.text) for e in found])
+            self.names = sorted(os.listdir(results_dir(cache_dir)))
         except OSError:
-            return None
+            self.names = []
+
+    def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Entry]:
+        """The cached results of this attachment (any ifname when "") that name one of the `released`
+        addresses: what forget() must rewrite."""
+        from bisect import bisect_left
+
+        prefix = f"{network}-{container_id}-"
+        i = bisect_left(self.names, prefix)
+        names = []
+        while i < len(self.names) and self.names[i].startswith(prefix):
+            names.append(self.names[i])
+            i += 1
+        if not names:
+            return []
+        try:
+            fd = os.open(results_dir(self.cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return []
+        try:
+            found = [_read(fd, n) for n in names]
+        finally:
+            os.close(fd)
+        return [e for e in found if e is not None and e.network == network and e.container_id == container_id
+                and not (ifname and e.ifname != ifname) and released & set(e.ips)]
+
+
+def forget(cache_dir: str, jobs: list[tuple[Entry, set[str]]]) -> list[bool]:
+    """Take each job's released addresses out of its cached result and write it back atomically (each file
+    made durable, the directory once at the end); whether each was. A later DEL of the dead attachment then
+    hands the plugins no address that another attachment may hold by then (the firewall plugin deletes the
+    CNI-FORWARD rules of every address in prevResult)."""
     try:
         dfd = os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return None
+        return [False] * len(jobs)
     try:
-        for e in found:
-            if not _rewrite(dfd, e, released):
-                return None
-            changed.append(e.name)
+        done = [_rewrite(dfd, e, released) for e, released in jobs]
+        try:
+            os.fsync(dfd)
+        except OSError:
+            done = [False] * len(jobs)
+        return done
     finally:
         os.close(dfd)
-    return changed
 
 
 def without(result: dict[str, Any], released: set[str]) -> dict[str, Any]:
@@ -207,8 +231,7 @@ def _rewrite(dfd: int, e: Entry, released: set[str]) -> bool:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(tmp, e.name, src_dir_fd=pfd, dst_dir_fd=dfd)
-        os.fsync(dfd)
+        os.rename(tmp, e.name, src_dir_fd=pfd, dst_dir_fd=dfd)  # the directory is made durable by forget()
         return True
     except OSError:
         try:

@@ -230,10 +230,11 @@ def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], 
     cni-reaper's release or from a boot that emptied host-local's directory. The reservations are journaled
     together, before any goes (one fsync, not one per address)."""
     due: list[tuple[Target, Reservation]] = []
-    for t in targets:
-        if "reservation" not in t.parts or t.key in outcome.failed or not t.dead_ips:
-            continue
-        if not settings.dry_run and not _forget(t, outcome, settings):
+    eligible = [t for t in targets if "reservation" in t.parts and t.key not in outcome.failed and t.dead_ips]
+    if not settings.dry_run:
+        _forget(eligible, outcome, settings)
+    for t in eligible:
+        if t.key in outcome.failed:
             continue
         for ip in sorted(t.dead_ips):
             _verify_dir(t, ip, dirs, outcome)
@@ -266,29 +267,44 @@ def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, st
     return released
 
 
-def _forget(t: Target, outcome: Outcome, settings: Settings) -> bool:
+def _forget(targets: list[Target], outcome: Outcome, settings: Settings) -> None:
+    """libcni's cached results of the targets forget their dead addresses, journaled first, a batch at a time;
+    a target whose cached result names one and could not be rewritten keeps its reservations (failed)."""
     from cni_reaper.reap import cache
+    from cni_reaper.state.journal import batches
 
-    if not t.cache_dir:
-        return True
-
-    def journal(found: list[tuple[str, str]]) -> None:
-        event = settings.note([{"kind": "cache", "key": list(t.key), "cacheDir": t.cache_dir, "entry": name,
-                                "content": text} for name, text in found])
-        forgotten.append((event, len(found)))
-
-    forgotten: list[tuple[str | None, int]] = []
-    changed = cache.forget_addresses(t.cache_dir, t.network, t.container_id, t.ifname, set(t.dead_ips), journal)
-    if changed is None:
+    listed: dict[str, cache.Results] = {}
+    jobs: list[tuple[Target, cache.Entry]] = []
+    for t in targets:
+        if t.cache_dir:
+            results = listed.get(t.cache_dir) or listed.setdefault(t.cache_dir, cache.Results(t.cache_dir))
+            jobs += [(t, e) for e in results.to_forget(t.network, t.container_id, t.ifname, set(t.dead_ips))]
+    items = [{"kind": "cache", "key": list(t.key), "cacheDir": t.cache_dir, "entry": e.name, "content": e.text}
+             for t, e in jobs]
+    failed: dict[tuple[str, str, str], Target] = {}
+    for start, end in batches(items):
+        batch = jobs[start:end]
+        try:
+            event = settings.note(items[start:end])
+        except OSError:
+            failed.update({t.key: t for t, _ in jobs[start:]})
+            break
+        done = []
+        for cache_dir in dict.fromkeys(t.cache_dir for t, _ in batch):
+            mine = [i for i, (t, _) in enumerate(batch) if t.cache_dir == cache_dir]
+            for i, ok in zip(mine, cache.forget(cache_dir, [(batch[i][1], set(batch[i][0].dead_ips)) for i in mine])):
+                t, e = batch[i]
+                if ok:
+                    done.append(i)
+                    log.info("libcni's cached result no longer names the dead addresses", entry=e.name,
+                             addresses=sorted(t.dead_ips))
+                else:
+                    failed[t.key] = t
+        settings.noted(event, sorted(done))
+    for t in failed.values():
         outcome.errors.append(f"libcni's cache entry of {t.container_id} names a dead address and cannot be rewritten; "
                               "its reservations are kept")
         outcome.failed.add(t.key)
-        return False
-    for event, n in forgotten:
-        settings.noted(event, list(range(n)))
-    for name in changed:
-        log.info("libcni's cached result no longer names the dead addresses", entry=name, addresses=sorted(t.dead_ips))
-    return True
 
 
 def _verify_dir(t: Target, ip: str, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome) -> None:
