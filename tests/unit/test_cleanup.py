@@ -198,3 +198,41 @@ def test_a_dry_run_plans_and_changes_nothing(conf):
     outcome = run(conf, fake, dry_run=True)
     assert fake.transactions == [] and fake.text[4] == text(*DEAD, LIVE)
     assert sorted(k[1] for k in outcome.removed) == ["dead-a", "dead-b"]
+
+
+def test_a_cached_result_that_cannot_be_rewritten_keeps_only_its_own_reservation(conf, tmp_path):
+    """Many dead attachments' cached results are forgotten in one batch: one that cannot be rewritten (here a
+    bind mount over it: rename onto a mount point fails, EBUSY) keeps its attachment's reservation and says
+    so, and the others' cached results are rewritten and their reservations released all the same."""
+    import json
+    import os
+    import subprocess
+
+    from cni_reaper.reap.targets import Expect
+
+    cache = tmp_path / "cache"
+    (cache / "results").mkdir(parents=True)
+    ipam = tmp_path / "ipam" / NET
+    dead = [(f"dead-{i}", f"172.26.64.{i + 2}") for i in range(5)]
+    for cid, ip in dead:
+        (ipam / ip).write_text(f"{cid}\r\neth0")
+        entry = {"kind": "cniCacheV1", "containerId": cid, "networkName": NET, "ifName": "eth0",
+                 "result": {"cniVersion": "1.0.0", "ips": [{"address": f"{ip}/20"}]}}
+        (cache / "results" / f"{NET}-{cid}-eth0").write_text(json.dumps(entry))
+    stuck = cache / "results" / f"{NET}-dead-2-eth0"
+    twin = tmp_path / "twin"
+    twin.write_text(stuck.read_text())
+    subprocess.run(["mount", "--bind", str(twin), str(stuck)], check=True)  # this test's private mount namespace
+    try:
+        targets = [Target(NET, cid, "eth0", frozenset({ip}), whole=True, parts=frozenset({"reservation"}),
+                          expect={ip: Expect(conf.ipamDataDir, (cid, "eth0"))}, cache_dir=str(cache))
+                   for cid, ip in dead]
+        out = clean(targets, {}, settings(conf, lambda key: None))
+    finally:
+        subprocess.run(["umount", str(stuck)], check=True)
+    assert sorted(p.name for p in ipam.iterdir() if p.name[0].isdigit()) == ["172.26.64.4"]  # dead-2's, kept
+    assert (NET, "dead-2", "eth0") in out.failed and any("dead-2" in e for e in out.errors)
+    for cid, _ in dead:
+        doc = json.loads((cache / "results" / f"{NET}-{cid}-eth0").read_text())
+        assert doc["result"]["ips"] == ([] if cid != "dead-2" else [{"address": "172.26.64.4/20"}])
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".cni-reaper.")]  # no temp file left beside it
