@@ -268,3 +268,41 @@ def test_observe_mode_across_the_reconcile_scenarios(tmp_path, flavour, package_
                 assert [l for l in sb.residue(NET, a, []) + sb.native_rules() if a in l] == []
     assert states["observe"] == states["plain"], scenario
     assert would == removed, (would, removed)
+
+
+def test_what_was_journaled_twice_is_put_back_once(setup):
+    """A clean-up killed between its intent and its removals leaves an intent that the next clean-up writes
+    again, item for item (found by test_crash.py's journal trials): undo puts each rule back once."""
+    sb, conflist, _ = setup
+    cid, netns = unique("alloc-"), sb.container()
+    ips_of(sb.driver("add", cid, netns, PORTS, conflist))
+    before = state(sb)
+    kill_and_clean(sb, "status", conflist, cid, netns, "")
+    journal = sb.state_dir() / ".journal"
+    events = [json.loads(l) for l in journal.read_text().splitlines()]
+    twice = [dict(e, id=e["id"] + "-cut") for e in events if e["t"] == "intent"]  # no done: "perhaps removed"
+    journal.write_text("".join(json.dumps(e) + "\n" for e in twice + events))
+    out = cli(sb, "undo", cid)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert state(sb)[:2] == before[:2], out.stdout
+    again = cli(sb, "undo", cid)
+    assert "nothing of" in again.stdout and state(sb)[:2] == before[:2]
+
+
+def test_undo_puts_back_every_record_of_a_container(tmp_path, flavour, package_exe):
+    """One container on two networks (a red team's case): both records come back, not the newest alone."""
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        a = sb.conflist(name="net-a", bridge="rta0", subnet="10.71.0.0/24")
+        b = sb.conflist(name="net-b", bridge="rtb0", subnet="10.72.0.0/24")
+        cid, netns, netns2 = unique("alloc-"), sb.container(), sb.container()
+        ips_of(sb.driver("add", cid, netns, (), a))
+        ips_of(sb.driver("add", cid, netns2, (), b))
+        before = sorted(json.dumps(r, sort_keys=True) for r in sb.records() if r["containerID"] == cid)
+        assert len(before) == 2
+        sb.remove_container(netns)
+        sb.remove_container(netns2)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        assert not [r for r in sb.records() if r["containerID"] == cid]
+        out = cli(sb, "undo", cid)
+        after = sorted(json.dumps(r, sort_keys=True) for r in sb.records() if r["containerID"] == cid)
+        assert after == before, out.stdout

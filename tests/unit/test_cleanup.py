@@ -236,3 +236,19 @@ def test_a_cached_result_that_cannot_be_rewritten_keeps_only_its_own_reservation
         doc = json.loads((cache / "results" / f"{NET}-{cid}-eth0").read_text())
         assert doc["result"]["ips"] == ([] if cid != "dead-2" else [{"address": "172.26.64.4/20"}])
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".cni-reaper.")]  # no temp file left beside it
+
+
+def test_a_cached_result_that_cannot_be_read_keeps_its_reservation(conf, tmp_path):
+    """An attachment's own libcni cache entry that cannot be read (not JSON here; or too large, or not a plain
+    file) may still name the address: the address is not released (a red team's case)."""
+    from cni_reaper.reap.targets import Expect
+
+    cache = tmp_path / "cache"
+    (cache / "results").mkdir(parents=True)
+    ipam = tmp_path / "ipam" / NET
+    (ipam / "172.26.64.9").write_text("dead-x\r\neth0")
+    (cache / "results" / f"{NET}-dead-x-eth0").write_text('{"kind": "cniCacheV1", "result": {"ips": [')
+    t = Target(NET, "dead-x", "eth0", frozenset({"172.26.64.9"}), whole=True, parts=frozenset({"reservation"}),
+               expect={"172.26.64.9": Expect(conf.ipamDataDir, ("dead-x", "eth0"))}, cache_dir=str(cache))
+    out = clean([t], {}, settings(conf, lambda key: None))
+    assert (ipam / "172.26.64.9").exists() and t.key in out.failed and any("cannot be read" in e for e in out.errors)

@@ -347,13 +347,12 @@ def test_a_full_disk_is_a_clear_io_error_on_add_and_del_and_status_still_succeed
 # -- the index: with nothing stale, a verb reads no other attachment's record -----------------------
 def index_entries(state) -> dict:
     """The index as a reader sees it: written whole, then the journal's changes (as JSON lists)."""
-    import marshal
+    from cni_reaper.state.index import decode, make
 
-    from cni_reaper.state.index import Entry, decode
-
-    whole, why = decode((state / ".index").read_bytes())
-    assert whole is not None, why
-    entries = {n: Entry(*marshal.loads(b)).to_list() for n, b in whole[2].items()}
+    whole = decode((state / ".index").read_bytes())
+    assert isinstance(whole, tuple), whole
+    raw, hosts, dirs = whole
+    entries = {n: make(v, hosts, dirs).to_list() for n, v in raw.items()}
     journal = state / ".index-journal"
     for line in journal.read_text().splitlines() if journal.exists() else []:
         name, entry = json.loads(line)
@@ -519,3 +518,22 @@ def test_the_quick_judgement_of_the_index_says_what_the_full_one_says(tmp_path):
     finally:
         for p in pinned[:2]:
             subprocess.run(["umount", str(p)], check=False)
+
+
+def test_an_index_crafted_to_allocate_gigabytes_is_made_anew_at_once(tmp_path):
+    """Five bytes behind the right magic and checksum once made `marshal` reserve 16 GB (a red team's case):
+    the index is JSON now, whose parser is linear in what it is given; the verb goes on and the index is
+    made anew."""
+    import time
+    import zlib
+
+    from cni_reaper.state.index import MAGIC
+
+    state = tmp_path / "s"
+    _live_records(state, 2)
+    for body in (b"(" + (2**31 - 1).to_bytes(4, "little"), b"[" * 200000, b'{"entries": {}, "hosts": 1}'):
+        (state / ".index").write_bytes(MAGIC + zlib.crc32(body).to_bytes(4, "big") + body)
+        started = time.monotonic()
+        assert invoke("ADD", conf(state), cid="new")[0] == 0
+        assert time.monotonic() - started < 10  # a hang detector, not a figure
+        assert sorted(index_entries(state)) == sorted(p.name for p in state.glob("r-*.json"))

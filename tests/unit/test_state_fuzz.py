@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import marshal
 import os
 import time
 
@@ -64,16 +63,17 @@ def _sealed(body: bytes) -> bytes:
     return MAGIC + zlib.crc32(body).to_bytes(4, "big") + body
 
 
-_ENTRY: tuple = (1, "n", "c", "eth0", "/p", (1, 2, 3), (1, 2, ()), ("b", "m", 1, 1), ("v", 1), None, None, False, False, [],
-          None, False)
+_ENTRY: list = [1, "n", "c", "eth0", "/p", [1, 2, 3], 0, 0, ["v", 1], None, None, False, False, [], None, False]
+_TABLES = {"hosts": [["b", "m", 1, 1]], "dirs": [[1, 2, []]]}
 INDEXES = [None, b"", b"{}", b'{"version": 4, "entries": {"r-x.json": [1]}}', b"\x00" * 10,  # older and junk
-           MAGIC, MAGIC + b"\0\0", MAGIC + b"\0\0\0\0" + marshal.dumps({}), _sealed(b"\xff" * 9),  # cut, damaged
-           _sealed(marshal.dumps([1])), _sealed(marshal.dumps(({}, {}, {"r-x.json": b""}))),  # not entries
-           _sealed(marshal.dumps(({"r-x.json": 1}, {}, {"r-x.json": marshal.dumps((1, "n"))}))),
-           _sealed(marshal.dumps(({"r-x.json": 1}, {}, {"r-x.json": marshal.dumps(_ENTRY)}))),  # no such record
-           _sealed(marshal.dumps(({"r-x.json": 1}, {("b", "m", 1, 1): {"r-x.json": ("/", (1, 2, 3))}},
-                                  {"r-x.json": marshal.dumps(_ENTRY)}))),
-           _sealed(marshal.dumps(({"r-x.json": 1}, {1: 2}, {"r-x.json": b"\xff"})))]
+           MAGIC, MAGIC + b"\0\0", MAGIC + b"\0\0\0\0{}", _sealed(b"\xff" * 9), _sealed(b"{"),  # cut, damaged
+           _sealed(b"[1]"), _sealed(json.dumps({"entries": {"r-x.json": 1}, "hosts": [], "dirs": []}).encode()),
+           _sealed(json.dumps({"entries": {"r-x.json": [1, "n"]}, **_TABLES}).encode()),  # not entries
+           _sealed(json.dumps({"entries": {"r-x.json": _ENTRY}, **_TABLES}).encode()),  # no such record
+           _sealed(json.dumps({"entries": {"r-x.json": _ENTRY[:6] + [5, 7] + _ENTRY[8:]}, **_TABLES}).encode()),
+           _sealed(json.dumps({"entries": {"r-x.json": [None] * 16}, **_TABLES}).encode()),
+           _sealed(b"(" + (2**31 - 1).to_bytes(4, "little")),  # what made marshal allocate 16 GB (red team)
+           _sealed(b"[" * 100000)]
 
 
 @st.composite

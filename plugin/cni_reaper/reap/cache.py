@@ -151,9 +151,10 @@ class Results:
         except OSError:
             self.names = []
 
-    def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Entry]:
+    def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Entry] | None:
         """The cached results of this attachment (any ifname when "") that name one of the `released`
-        addresses: what forget() must rewrite."""
+        addresses: what forget() must rewrite. None when its own entry is there and cannot be read (too
+        large, not a plain file, not JSON): it may name them, so its addresses must not be released."""
         from bisect import bisect_left
 
         prefix = f"{network}-{container_id}-"
@@ -172,6 +173,9 @@ class Results:
             found = [_read(fd, n) for n in names]
         finally:
             os.close(fd)
+        own = entry_name(network, container_id, ifname) if ifname else None
+        if any(e is None and n == own for n, e in zip(names, found)):
+            return None
         return [e for e in found if e is not None and e.network == network and e.container_id == container_id
                 and not (ifname and e.ifname != ifname) and released & set(e.ips)]
 

@@ -275,13 +275,17 @@ def _forget(targets: list[Target], outcome: Outcome, settings: Settings) -> None
 
     listed: dict[str, cache.Results] = {}
     jobs: list[tuple[Target, cache.Entry]] = []
+    failed: dict[tuple[str, str, str], Target] = {}
     for t in targets:
         if t.cache_dir:
             results = listed.get(t.cache_dir) or listed.setdefault(t.cache_dir, cache.Results(t.cache_dir))
-            jobs += [(t, e) for e in results.to_forget(t.network, t.container_id, t.ifname, set(t.dead_ips))]
+            found = results.to_forget(t.network, t.container_id, t.ifname, set(t.dead_ips))
+            if found is None:
+                failed[t.key] = t
+            else:
+                jobs += [(t, e) for e in found]
     items = [{"kind": "cache", "key": list(t.key), "cacheDir": t.cache_dir, "entry": e.name, "content": e.text}
              for t, e in jobs]
-    failed: dict[tuple[str, str, str], Target] = {}
     for start, end in batches(items):
         batch = jobs[start:end]
         try:
@@ -302,8 +306,8 @@ def _forget(targets: list[Target], outcome: Outcome, settings: Settings) -> None
                     failed[t.key] = t
         settings.noted(event, sorted(done))
     for t in failed.values():
-        outcome.errors.append(f"libcni's cache entry of {t.container_id} names a dead address and cannot be rewritten; "
-                              "its reservations are kept")
+        outcome.errors.append(f"libcni's cache entry of {t.container_id} may name a dead address and cannot be read or "
+                              "rewritten; its reservations are kept")
         outcome.failed.add(t.key)
 
 

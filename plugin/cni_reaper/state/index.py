@@ -7,10 +7,12 @@ checked field by field), checked against one scan of the directory (names and in
 anything that does not agree, does not parse or is not an entry of this version makes it anew from the
 records, with a log line. Every save and removal under the lock keeps it current.
 
-`.index` is read by every call, 1,000 entries on a busy client: it holds the entries' fields in `marshal`'s
-form (parsed in C without a check per field: a fifth of JSON's time) behind a magic line and a CRC-32 of
-them, so that a file cut, damaged or of another version is found out before it is parsed. Only cni-reaper
-writes there (the directory is root's, 0700); equal parts (the host, the netns directory) are written once.
+`.index` is read by every call, 1,000 entries on a busy client: a magic line, a CRC-32 of the rest, and JSON
+(parsed by the C scanner, linear in its size whatever it holds: `marshal` was faster, but a few crafted
+bytes make it allocate gigabytes) holding each record file's inode, the hosts and netns directories once,
+and each entry's fields as a list, made an Entry only when asked for (unchecked: the CRC says the file is
+whole, as cni-reaper wrote it; an entry that still cannot be made removes the file, and the next call makes
+it anew). Only cni-reaper writes there (the directory is root's, 0700).
 """
 
 from __future__ import annotations
@@ -30,44 +32,76 @@ JOURNAL_MAX = 64  # lines, before the index is written whole again
 VERSION = 5
 MAGIC = b"cni-reaper index 5\n"
 MAX_BYTES = 64 << 20
-MARSHAL_VERSION = 4  # the same on every CPython since 3.4
 
 
 class Damaged(ValueError):
     """An entry of the index cannot be made (the file is then removed: the next call makes it anew)."""
 
 
-def encode(inos: dict[str, int], quick: dict[tuple, dict[str, tuple]], raw: dict[str, bytes]) -> bytes:
-    """The bytes of `.index`: each record file's inode (compared with the directory's in one go), what the
-    quick judgement of each entry reads, and each entry's fields (marshalled alone: made an Entry only when
-    asked for)."""
-    import marshal
+def encode(entries: dict[str, Entry], raw: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> bytes:
+    """The bytes of `.index`: `entries` made (and `raw`: entries read and not made, as compact lists into
+    `hosts` and `dirs`) as compact lists, with each record file's inode."""
     import zlib
 
-    body = marshal.dumps((inos, quick, raw), MARSHAL_VERSION)
-    return MAGIC + zlib.crc32(body).to_bytes(4, "big") + body
+    host_at: dict[Any, int] = {}
+    dir_at: dict[Any, int] = {}
+    out_hosts: list[Any] = []
+    out_dirs: list[Any] = []
+
+    def at(table: dict[Any, int], out: list[Any], value: Any, as_json: Any) -> int:
+        if value is None:
+            return -1
+        if value not in table:
+            table[value] = len(out)
+            out.append(as_json)
+        return table[value]
+
+    body: dict[str, list[Any]] = {}
+    for n, v in raw.items():  # read, never made: its host and directory looked up in the tables it came with
+        h = hosts[v[7]] if v[7] >= 0 else None
+        d = dirs[v[6]] if v[6] >= 0 else None
+        hk = tuple(h) if h is not None else None
+        dk = (d[0], d[1], tuple(d[2])) if d is not None else None
+        body[n] = [*v[:6], at(dir_at, out_dirs, dk, d), at(host_at, out_hosts, hk, h), *v[8:]]
+    for n, e in entries.items():
+        d = e.dir
+        body[n] = [e.ino, e.network, e.cid, e.ifname, e.netns, list(e.ns) if e.ns else None,
+                   at(dir_at, out_dirs, d, [d[0], d[1], list(d[2])] if d else None),
+                   at(host_at, out_hosts, e.host, list(e.host) if e.host else None),
+                   list(e.veth) if e.veth else None, e.deleted_at, e.cached, e.verify, e.earlier, e.ips, e.cache_dir,
+                   e.left]
+    text = jsonio.dumps({"hosts": out_hosts, "dirs": out_dirs, "entries": body}).encode()
+    return MAGIC + zlib.crc32(text).to_bytes(4, "big") + text
 
 
-def decode(data: bytes) -> tuple[tuple[dict[str, int], dict[tuple, dict[str, tuple]], dict[str, bytes]] | None,
-                                 str | None]:
-    """(inos, quick, raw) as `.index` holds them (see encode); or (None, why not), None as the reason when
-    it is of another version."""
-    import marshal
+def decode(data: bytes) -> tuple[dict[str, list[Any]], list[Any], list[Any]] | str | None:
+    """(name -> compact list, hosts, dirs) as `.index` holds them; or why it cannot be used (None: it is of
+    another version)."""
     import zlib
 
     if not data.startswith(MAGIC):
-        return None, None
+        return None
     start = len(MAGIC) + 4
     if len(data) < start or zlib.crc32(memoryview(data)[start:]) != int.from_bytes(data[len(MAGIC):start], "big"):
-        return None, "its checksum does not match (cut or damaged)"
+        return "its checksum does not match (cut or damaged)"
     try:
-        inos, quick, raw = marshal.loads(memoryview(data)[start:])
-    except (ValueError, TypeError, EOFError) as exc:  # a writer of another build: made anew
-        return None, f"it does not load: {exc}"
-    if (type(inos) is not dict or type(quick) is not dict or type(raw) is not dict or inos.keys() != raw.keys()
-            or not all(type(h) is tuple and len(h) == 4 and type(g) is dict for h, g in quick.items())):
-        return None, "it holds no entries"
-    return (inos, quick, raw), None
+        doc = jsonio.loads(data[start:])
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        return f"it does not parse: {str(exc)[:100]}"
+    if not (type(doc) is dict and type(doc.get("entries")) is dict and type(doc.get("hosts")) is list
+            and type(doc.get("dirs")) is list):
+        return "it holds no entries"
+    return doc["entries"], doc["hosts"], doc["dirs"]
+
+
+def make(v: list[Any], hosts: list[Any], dirs: list[Any]) -> Entry:
+    """The entry a compact list of a whole index holds (TypeError, ValueError or IndexError when it is not one)."""
+    ino, network, cid, ifname, netns, ns, d, h, veth, at, cached, verify, earlier, ips, cache_dir, left = v
+    dir_ = dirs[d] if d >= 0 else None
+    host = hosts[h] if h >= 0 else None
+    return Entry(ino, network, cid, ifname, netns, tuple(ns) if ns else None,
+                 (dir_[0], dir_[1], tuple(dir_[2])) if dir_ else None, tuple(host) if host else None,
+                 tuple(veth) if veth else None, at, cached, verify, earlier, ips, cache_dir, left)
 
 
 def quick_of(e: Entry) -> tuple | None:
@@ -111,11 +145,6 @@ class Entry:
                    dead["cached"] if dead is not None else None, dead["verify"] if dead is not None else False,
                    bool(record["earlier"]), sorted(ip["address"] for ip in cur["ips"]),
                    s["cniCacheDir"] if s else None, bool(record.get("left")))
-
-    def fields(self) -> tuple[Any, ...]:
-        """Its fields in the order of the constructor's parameters (the index file holds them so)."""
-        return (self.ino, self.network, self.cid, self.ifname, self.netns, self.ns, self.dir, self.host, self.veth,
-                self.deleted_at, self.cached, self.verify, self.earlier, self.ips, self.cache_dir, self.left)
 
     def to_list(self) -> list[Any]:
         """Its fields as JSON holds them (a journal line)."""
@@ -162,7 +191,9 @@ class Index:
         self.sd = sd
         self.inos: dict[str, int] = {}  # record file name -> inode
         self.quick: dict[tuple, dict[str, tuple]] = {}  # host -> {record file name -> quick_of(its entry)[1]}
-        self._raw: dict[str, bytes] = {}  # entries read and not made yet: name -> marshalled fields
+        self._raw: dict[str, list[Any]] = {}  # entries read and not made yet: name -> compact list
+        self._hosts: list[Any] = []  # the tables the compact lists point into
+        self._dirs: list[Any] = []
         self._made: dict[str, Entry] = {}
         self._journal_lines = 0
         self._pending: list[bytes] = []  # journal lines of a batch of removals, written at flush()
@@ -179,19 +210,20 @@ class Index:
         return {n: e for n, e in self._made.items() if n not in names}
 
     def _make(self, names: list[str]) -> None:
-        import marshal
-
         for n in names:
             try:
-                self._made[n] = Entry(*marshal.loads(self._raw.pop(n)))
-            except (ValueError, TypeError, EOFError) as exc:
-                if not self.sd.read_only:
-                    try:
-                        self.sd.unlink(INDEX_NAME)
-                    except OSError:
-                        pass
-                raise Damaged(f"index entry {n[:80]} cannot be read ({exc}): the index is made anew by the next "
-                              "call") from None
+                self._made[n] = make(self._raw.pop(n), self._hosts, self._dirs)
+            except (ValueError, TypeError, IndexError, KeyError) as exc:
+                self._unusable()
+                raise Damaged(f"index entry {n[:80]} cannot be read ({type(exc).__name__}): the index is made anew "
+                              "by the next call") from None
+
+    def _unusable(self) -> None:
+        if not self.sd.read_only:
+            try:
+                self.sd.unlink(INDEX_NAME)
+            except OSError:
+                pass
 
     def load(self, found: dict[str, int]) -> bool:
         """Take the index on disk if it agrees with `found` (record file name -> inode); False when it must be
@@ -205,14 +237,17 @@ class Index:
 
     def _read(self) -> bool:
         data, why = self.sd.read(INDEX_NAME, MAX_BYTES)
-        whole = None
-        if data is not None:
-            whole, why = decode(data)
-        if whole is None:
-            if why:
-                log.warn("index unusable; made anew from the records", problem=why)
+        whole = decode(data) if data is not None else why
+        if whole is None or isinstance(whole, str):
+            if whole:
+                log.warn("index unusable; made anew from the records", problem=whole)
             return False
-        self.inos, self.quick, self._raw = whole
+        self._raw, self._hosts, self._dirs = whole
+        try:
+            self._derive()
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+            log.warn("index unusable; made anew from the records", problem=f"an entry is not one ({type(exc).__name__})")
+            return False
         journal, _ = self.sd.read(JOURNAL_NAME, MAX_BYTES)
         lines = (journal or b"").splitlines()
         self._journal_lines = len(lines)
@@ -228,6 +263,21 @@ class Index:
             log.warn("index journal does not parse; index made anew from the records")
             return False
         return True
+
+    def _derive(self) -> None:
+        """`inos` and `quick` from the compact lists just read (quick_of's rule, on the lists)."""
+        hosts, inos, quick = self._hosts, {}, {}
+        groups: dict[int, dict[str, tuple]] = {}
+        for n, v in self._raw.items():
+            inos[n] = v[0]
+            ns = v[5]
+            if v[9] is None and not v[12] and ns and ns[2] is not None and v[7] >= 0:
+                groups.setdefault(v[7], {})[n] = (v[4], ns)
+        for h, group in groups.items():
+            quick[tuple(hosts[h])] = group
+        if not all(type(i) is int for i in inos.values()):
+            raise TypeError("an inode is not a number")
+        self.inos, self.quick = inos, quick
 
     def put(self, name: str, entry: Entry | None) -> None:
         """The index in memory: a record's entry, or its removal (None)."""
@@ -278,13 +328,14 @@ class Index:
     def write_whole(self) -> None:
         """The index written whole, and the journal emptied. Not fsynced: a lost or stale index is found out
         and made anew (load())."""
-        import marshal
-
-        raw = {n: self._raw[n] if n in self._raw else marshal.dumps(self._made[n].fields(), MARSHAL_VERSION)
-               for n in self.inos}
-        quick = {h: g for h, g in self.quick.items() if g}
         try:
-            self.sd.write(INDEX_NAME, encode(self.inos, quick, raw))
+            data = encode(self._made, self._raw, self._hosts, self._dirs)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:  # an entry read that is not one
+            log.warn("index unusable; made anew by the next call", problem=type(exc).__name__)
+            self._unusable()
+            return
+        try:
+            self.sd.write(INDEX_NAME, data)
         except OSError:
             return
         self.sd.unlink(JOURNAL_NAME)

@@ -30,7 +30,7 @@ from cni_reaper import jsonio
 
 NAME = ".journal"
 OLD = ".journal.1"
-MAX_BYTES = 4 << 20
+MAX_BYTES = 32 << 20  # a sweep of 1,000 dead attachments journals about 5 MB: several fit before a rotation
 MAX_AGE = 30 * 86400.0
 BATCH = 256  # items per intent at most, when many go at once (one fsync per intent, not per item)
 BATCH_BYTES = 1 << 20  # and about this many bytes: a record may be large, a line stays far below MAX_BYTES

@@ -278,6 +278,7 @@ class _IptablesPlan:
         self.jumped: set[tuple[str, str]] = set()  # chains a rule put back jumps to
         self.inserted: dict[tuple[str, str], int] = {}
         self.entries: list[Entry] = []
+        self.taken: set[tuple[str, str, str, Any]] = set()  # (table, chain, op, spec) of what is put back
 
     def text(self) -> str:
         out = ""
@@ -300,12 +301,18 @@ class _IptablesPlan:
     def take(self, e: Entry, report: Report) -> None:
         it = e.item
         table, chain = it["table"], it["chain"]
+        again = (table, chain, it["op"], it.get("spec"))
+        if again in self.taken:  # journaled twice (a clean-up killed between its intent and its rules, then
+            self.entries.append(e)  # the next one's): put back once, and both items are settled
+            report.ok(e, f"ipv{it['family']} {table} {chain}: {it.get('what', '')} (with another journal item)")
+            return
         if it["op"] == "chain":
             why = self.chain_ok(e) or (None if (table, chain) in self.jumped else "no jump to it can be put back")
             if why:
                 report.no(e, why)
                 return
             self.made.add((table, chain))
+            self.taken.add(again)
             self.lines.setdefault(table, []).extend(f"-A {chain} {s}" for s in it["rules"])
         else:
             why = self._conflict(table, chain, it["spec"])
@@ -318,6 +325,7 @@ class _IptablesPlan:
             length = len(self.tables[table].chains.get(chain, [])) + self.inserted.get((table, chain), 0)
             pos = min(it.get("index", 0), length)  # its position then, the others being as they were
             self.inserted[(table, chain)] = self.inserted.get((table, chain), 0) + 1
+            self.taken.add(again)
             self.lines.setdefault(table, []).append(f"-I {chain} {pos + 1} {it['spec']}")
         self.entries.append(e)
         report.ok(e, f"ipv{it['family']} {table} {chain}: {it.get('what', '')}")
@@ -366,6 +374,7 @@ def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: boo
         else:
             adds.append(rule)
             ok.append(e)
+            now.add(jsonio.dumps([rule.get("chain"), rule.get("expr")]))  # journaled twice: put back once
             report.ok(e, f"nft {e.item['family']} {e.item['table']} {e.item['chain']}: {e.item.get('what', '')}")
     if adds and not dry_run:
         try:
@@ -419,10 +428,19 @@ def _forgotten(original: dict[str, Any], released: set[str]) -> dict[str, Any]:
 
 
 def _record(store: Store, entries: list[Entry], report: Report, dry_run: bool) -> None:
+    """Each attachment's newest journaled record put back (a container may have several: one per network and
+    interface), unless a record of it exists now."""
+    by_key: dict[Any, list[Entry]] = {}
+    for e in entries:
+        k = e.item.get("key")
+        by_key.setdefault(tuple(k) if isinstance(k, list) else None, []).append(e)
+    for group in by_key.values():
+        _record_of(store, group, report, dry_run)
+
+
+def _record_of(store: Store, entries: list[Entry], report: Report, dry_run: bool) -> None:
     from cni_reaper.state.record import key, problem
 
-    if not entries:
-        return
     newest = max(entries, key=lambda e: e.at)
     rec = newest.item["record"]
     if problem(rec) is not None:
