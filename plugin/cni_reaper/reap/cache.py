@@ -34,9 +34,10 @@ def entry_name(network: str, container_id: str, ifname: str) -> str:
 
 def view(cache_dir: str) -> str | None:
     """Why the cache cannot be read as evidence (None when it can): its results directory is missing or
-    unreadable. An empty one is readable: it says no attachment is cached."""
+    unreadable. An empty one is readable: it says no attachment is cached. (Opened, not listed: a busy
+    client's cache holds an entry per attachment, and every tombstone asks.)"""
     try:
-        os.listdir(results_dir(cache_dir))
+        os.close(os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
     except FileNotFoundError:
         return f"libcni's cache {results_dir(cache_dir)} does not exist"
     except OSError as exc:
