@@ -72,6 +72,7 @@ INDEXES = [None, b"", b"{}", b'{"version": 4, "entries": {"r-x.json": [1]}}', b"
            _sealed(json.dumps({"entries": {"r-x.json": _ENTRY}, **_TABLES}).encode()),  # no such record
            _sealed(json.dumps({"entries": {"r-x.json": _ENTRY[:6] + [5, 7] + _ENTRY[8:]}, **_TABLES}).encode()),
            _sealed(json.dumps({"entries": {"r-x.json": [None] * 16}, **_TABLES}).encode()),
+           _sealed(json.dumps({"entries": {"r-x.json": _ENTRY}, "hosts": [["b"]], "dirs": [[1, 2, []]]}).encode()),
            _sealed(b"(" + (2**31 - 1).to_bytes(4, "little")),  # what made marshal allocate 16 GB (red team)
            _sealed(b"[" * 100000)]
 

@@ -274,7 +274,10 @@ class Index:
             if v[9] is None and not v[12] and ns and ns[2] is not None and v[7] >= 0:
                 groups.setdefault(v[7], {})[n] = (v[4], ns)
         for h, group in groups.items():
-            quick[tuple(hosts[h])] = group
+            host = tuple(hosts[h])
+            if len(host) != 4 or not (type(host[0]) is str and type(host[1]) is str):
+                raise TypeError("a host is not one")
+            quick[host] = group
         if not all(type(i) is int for i in inos.values()):
             raise TypeError("an inode is not a number")
         self.inos, self.quick = inos, quick
