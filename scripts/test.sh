@@ -15,11 +15,12 @@ echo "test.sh: ruff (lint) and mypy (types)"
   > /tmp/cni-reaper-test-roots.log 2>&1 &
 roots=$!
 # A whole run (no arguments): the stateful property test (test_property.py, thousands of steps per flavour,
-# minutes of plugin calls) runs beside the release build and the rest of the suite, in its own pytest; its
-# output is printed at the end, and either failing fails the run.
+# minutes of plugin calls) runs beside the release build and the rest of the suite, in its own pytest, at a
+# lower priority (it takes the time they leave idle, and does not slow them); its output is printed at the
+# end, and either failing fails the run.
 property=""
 if [ $# -eq 0 ]; then
-  .venv/bin/python -m pytest -ra -s -p no:cacheprovider --basetemp=/tmp/cni-reaper-property-tmp \
+  nice -n 10 .venv/bin/python -m pytest -ra -s -p no:cacheprovider --basetemp=/tmp/cni-reaper-property-tmp \
     tests/integration/test_property.py > /tmp/cni-reaper-property.log 2>&1 &
   property=$!
   trap 'kill "$property" 2>/dev/null || true' EXIT  # a failed build: the property test is not left running
