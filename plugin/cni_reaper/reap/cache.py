@@ -128,57 +128,62 @@ def _read(dir_fd: int, name: str) -> Entry | None:
 def entries(cache_dir: str, network: str, container_id: str) -> list[Entry] | None:
     """The cached attachments of (network, container ID), any ifname, judged by their content (a name alone
     is ambiguous: IDs and ifnames may contain "-"); None when the cache cannot be read."""
-    prefix = f"{network}-{container_id}-"
-    try:
-        fd = os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
+    results = Results(cache_dir)
+    if results.names is None:
         return None
-    try:
-        names = [n for n in os.listdir(fd) if n.startswith(prefix)]
-        found = [_read(fd, n) for n in names]
-    finally:
-        os.close(fd)
-    return [e for e in found if e is not None and e.network == network and e.container_id == container_id]
+    return [e for _, e in results.read(network, container_id) if e is not None and _of(e, network, container_id)]
 
 
 class Results:
     """One cache's results directory, listed once and kept sorted: a sweep of many dead attachments looks up
-    each one's entries by name prefix (a bisection), not with a listing of the whole directory each."""
+    each one's entries by name prefix (a bisection), not with a listing of the whole directory each. `names`
+    is None when the directory cannot be read."""
 
     def __init__(self, cache_dir: str) -> None:
         self.cache_dir = cache_dir
         try:
-            self.names = sorted(os.listdir(results_dir(cache_dir)))
+            self.names: list[str] | None = sorted(os.listdir(results_dir(cache_dir)))
         except OSError:
-            self.names = []
+            self.names = None
 
-    def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Entry] | None:
-        """The cached results of this attachment (any ifname when "") that name one of the `released`
-        addresses: what forget() must rewrite. None when its own entry is there and cannot be read (too
-        large, not a plain file, not JSON): it may name them, so its addresses must not be released."""
+    def read(self, network: str, container_id: str) -> list[tuple[str, Entry | None]]:
+        """Each file named for (network, container ID), any ifname, with its entry (None: it cannot be read);
+        a name alone is ambiguous, the caller judges the content (_of)."""
         from bisect import bisect_left
 
-        prefix = f"{network}-{container_id}-"
-        i = bisect_left(self.names, prefix)
-        names = []
-        while i < len(self.names) and self.names[i].startswith(prefix):
-            names.append(self.names[i])
+        names, prefix = self.names or [], f"{network}-{container_id}-"
+        i = bisect_left(names, prefix)
+        mine = []
+        while i < len(names) and names[i].startswith(prefix):
+            mine.append(names[i])
             i += 1
-        if not names:
+        if not mine:
             return []
         try:
             fd = os.open(results_dir(self.cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return []
         try:
-            found = [_read(fd, n) for n in names]
+            found = [_read(fd, n) for n in mine]
         finally:
             os.close(fd)
+        return list(zip(mine, found))
+
+    def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Entry] | None:
+        """The cached results of this attachment (any ifname when "") that name one of the `released`
+        addresses: what forget() must rewrite. None when its own entry is there and cannot be read (too
+        large, not a plain file, not JSON): it may name them, so its addresses must not be released."""
+        found = self.read(network, container_id)
         own = entry_name(network, container_id, ifname) if ifname else None
-        if any(e is None and n == own for n, e in zip(names, found)):
+        if any(e is None and n == own for n, e in found):
             return None
-        return [e for e in found if e is not None and e.network == network and e.container_id == container_id
+        return [e for _, e in found if e is not None and _of(e, network, container_id)
                 and not (ifname and e.ifname != ifname) and released & set(e.ips)]
+
+
+def _of(e: Entry, network: str, container_id: str) -> bool:
+    """Whether a cached entry is one of (network, container ID) by its content."""
+    return e.network == network and e.container_id == container_id
 
 
 def forget(cache_dir: str, jobs: list[tuple[Entry, set[str]]]) -> list[bool]:

@@ -140,7 +140,7 @@ class Store:
     # -- the index under the lock ----------------------------------------------------------------
     def _load_index(self) -> None:
         found = self.dir.scan()
-        others = [n for n in found if not (n.startswith(RECORD_PREFIX) and n.endswith(RECORD_SUFFIX))]  # is_record_name
+        others = [n for n in found if not is_record_name(n)]
         self.dir.sweep_temps(others)
         for n in others:
             del found[n]
