@@ -106,6 +106,27 @@ def test_an_allocation_that_died_without_del_gives_its_port_to_the_next(client):
     assert sb.reach(b, "172.26.64.1", 8080, "next") == "next"
 
 
+def test_a_dels_sweep_beside_the_real_portmap_cleans_an_allocation_that_died_meanwhile(client):
+    """The wrapped DEL of a live allocation leaves nothing of its own to remove before portmap's DEL, so its
+    sweep of the others runs while the real portmap runs: an allocation that died since the last call is
+    cleaned by it all the same, and the DEL's own allocation is torn down by the plugins as ever."""
+    from testkit.nomad import reservations_dir
+
+    sb = client.sb
+    dead, a = unique("alloc-"), sb.container()
+    old = ips_of(client.driver("add", dead, a, PORTS))
+    live, b = unique("alloc-"), sb.container()
+    mine = ips_of(client.driver("add", live, b, ("8090:80/tcp",)))
+    sb.remove_container(a)  # dies with no DEL, after the last ADD's sweep
+    assert sb.residue(NET, dead, old)
+    assert [p.name for p in reservations_dir(sb).glob("172.*") if dead in p.read_text()]
+    delete = client.driver("del", live, b, ("8090:80/tcp",))
+    assert delete.returncode == 0, delete.stderr
+    assert sb.residue(NET, dead, old) == []
+    assert not [p.name for p in reservations_dir(sb).glob("172.*") if dead in p.read_text()]
+    assert sb.residue(NET, live, mine) == []
+
+
 def test_a_reboot_with_restored_rules_is_cleaned_by_the_first_add(client):
     sb = client.sb
     before = {}

@@ -54,6 +54,9 @@ class Invocation:
         self.netns = ""
         self.ifname = ""
         self.args: dict[str, str] = {}
+        # work a verb may leave for its caller to run later, while something else runs beside it (the wrapper:
+        # while the real plugin runs); None: a verb does all of its work before it returns
+        self.later: list[Callable[[], None]] | None = None
 
 
 def parse_cni_args(value: str) -> dict[str, str]:

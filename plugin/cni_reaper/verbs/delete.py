@@ -86,11 +86,34 @@ def _finished(record: dict[str, Any], outcome: Outcome | None) -> bool:
             and not any(m == mine or m.startswith(mine + " ") or m.startswith(mine + ":") for m in outcome.skipped))
 
 
+def can_wait(inv: Invocation) -> bool:
+    """Whether nothing of this attachment must go before the downstream plugins' DEL (no immediate targets, as a
+    look at its record without the lock says): then the tombstone and the sweep may run beside them (the
+    wrapper runs them while the real plugin runs), the DEL itself judging again under the lock."""
+    store = Store(inv.conf.stateDir)
+    try:
+        store.open(create=False, read_only=True)  # a reader: what it cannot use it leaves for the DEL itself
+        record = store.load(inv.conf.name, inv.container_id, inv.ifname)
+        return record is None or not immediate_targets(record, inv, View())
+    except CniError:
+        return False
+    finally:
+        store.close()
+
+
 def run(inv: Invocation) -> None:
     conf = inv.conf
     if conf.stateDir is None:
         log.warn("DEL has no usable state directory; nothing of this attachment can be looked up")
         return None
+    if inv.later is not None and can_wait(inv):
+        inv.later.append(lambda: _run(inv))
+        return None
+    return _run(inv)
+
+
+def _run(inv: Invocation) -> None:
+    conf = inv.conf
     store = Store(conf.stateDir, conf.lockTimeout)
     view = View()
     try:

@@ -3,9 +3,14 @@ this process's (passed through as it is written), its stdout is captured to be r
 `subprocess` (its imports cost milliseconds on every call): fork and execve, stdin from a memfd (no pipe
 can fill up against a plugin that writes before it has read), stdout through a pipe, and as `subprocess`
 does, the signals Python ignores (SIGPIPE, SIGXFSZ) back to their defaults in the child and an exec that
-fails told to the parent through a close-on-exec pipe."""
+fails told to the parent through a close-on-exec pipe. While the plugin runs, the parent may do work of its
+own that touches nothing the plugin sees (`meanwhile`: the wrapper imports what its own part will need)."""
 
 from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 import _signal as signal  # the C module: `signal` imports enum, milliseconds on every call
 import os
@@ -15,9 +20,12 @@ class ExecFailed(Exception):
     """The real plugin could not be executed (errno in args[0])."""
 
 
-def run(exe: str, argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, bytes]:
+def run(exe: str, argv: list[str], env: dict[str, str], stdin: bytes,
+        meanwhile: Callable[[], None] | None = None) -> tuple[int, bytes]:
     """(exit status, stdout) of `exe`: its exit status, or minus the signal that killed it (as Go's
-    ExitCode and Python's returncode say). ExecFailed when it could not be run at all."""
+    ExitCode and Python's returncode say). ExecFailed when it could not be run at all. `meanwhile` is
+    called once the plugin is started, before its output is read (its stdout waits in the pipe); whatever
+    it raises is dropped."""
     fd = os.memfd_create("cni-stdin", os.MFD_CLOEXEC)
     try:
         os.write(fd, stdin)
@@ -38,6 +46,11 @@ def run(exe: str, argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[i
                 os._exit(127)
         os.close(w)
         os.close(ew)
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:  # noqa: BLE001 - the plugin's answer is read and returned whatever happens here
+                pass
         chunks = []
         while True:
             chunk = os.read(r, 65536)

@@ -8,8 +8,10 @@ on the client's cni_path) is that plugin's wrapper, for a network whose conflist
   the same, so the version Nomad records is the real plugin's.
 - cni-reaper's own work happens beside it, as when it is chained last: ADD (once the real plugin succeeded)
   records the attachment from the result the real plugin returned and runtimeConfig.portMappings, and
-  sweeps; DEL does cni-reaper's DEL first (it runs first in a DEL when chained last too); CHECK, STATUS and
-  GC do theirs after a real answer that succeeded. Its settings come from the settings file
+  sweeps; DEL does first what of the attachment must go before the real plugin's DEL (cni-reaper runs first
+  in a DEL when chained last too), and when nothing must (the common case) its whole DEL (the tombstone, the
+  sweep) runs while the real plugin runs; CHECK, STATUS and GC do theirs after a real answer that succeeded,
+  their modules imported while the real plugin runs. Its settings come from the settings file
   (wrap/settings.py), never from the wrapped plugin's own keys.
 - That work never changes the outcome: whatever it meets (an unusable state directory or settings file, a
   lock never free, an exception) is logged and dropped, and it is bounded in time (wrapTimeout, default
@@ -23,7 +25,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
 from cni_reaper import jsonio
@@ -39,6 +41,15 @@ class Budget(BaseException):
     """cni-reaper's own work ran out of its time in this call (a BaseException: the `except Exception` of a
     clean-up or a sweep, which keeps a verb going past a failure, must not keep it going past its time)."""
 
+
+# the verbs whose own part follows the real plugin's answer (DEL's comes before it)
+AFTER = ("ADD", "CHECK", "STATUS", "GC")
+
+# the modules each verb's own part imports, loaded while the real plugin runs (on a second core the import
+# costs the call nothing); only modules, nothing that reads or writes state, so the plugin sees the host as
+# it would have alone
+PREPARE = {"ADD": ("cni_reaper.verbs.add", "cni_reaper.reap.sweep"), "CHECK": ("cni_reaper.verbs.check",),
+           "STATUS": ("cni_reaper.verbs.status",), "GC": ("cni_reaper.verbs.gc",)}
 
 # the cni-reaper files (device:inode, comma-separated) already wrapping this call: a second cni-reaper (a .deb
 # beside a tarball, an old copy) with its own wrapper directory on the path is passed over, not run in a loop
@@ -56,14 +67,17 @@ def main(name: str) -> int:
     if plugin is None:
         return _not_found(name, env, settings, command)
     mine = not outer  # the outermost wrapper of a call does cni-reaper's part; one nested in it only passes on
+    own_part = Own(command, env, settings)
     if mine and command == "DEL":
-        _own(command, stdin, None, env, settings)
+        own_part.run(stdin, None)
+    after = mine and command in AFTER
+    meanwhile = (lambda: _prepare(command)) if after else own_part.later if own_part.left else None
     try:
-        code, out = spawn.run(plugin, [plugin, *sys.argv[1:]], {**env, NESTED: _ids(own)}, stdin)
+        code, out = spawn.run(plugin, [plugin, *sys.argv[1:]], {**env, NESTED: _ids(own)}, stdin, meanwhile)
     except spawn.ExecFailed as exc:
         return _cannot_run(name, plugin, exc.args[0], command)
-    if mine and code == 0 and command in ("ADD", "CHECK", "STATUS", "GC"):
-        _own(command, stdin, out, env, settings)
+    if after and code == 0:
+        own_part.run(stdin, out)
     try:
         os.write(1, out) if out else None
     except OSError:
@@ -72,6 +86,18 @@ def main(name: str) -> int:
         _die_of(-code)
         return 128 - code  # a signal that does not end a process by default
     return code
+
+
+def _prepare(command: str) -> None:
+    """What the own part of `command` will import, imported while the real plugin runs."""
+    import io  # noqa: F401 - for _serve
+
+    from cni_reaper import log  # noqa: F401
+    from cni_reaper.cni import conf, shell  # noqa: F401
+    from cni_reaper.verbs import dispatch  # noqa: F401
+
+    for name in PREPARE.get(command, ()):
+        __import__(name)
 
 
 def _read_all(fd: int) -> bytes:
@@ -169,33 +195,65 @@ def conf_for(stdin: bytes, result: bytes | None, settings: Settings) -> dict[str
     return conf
 
 
-def _own(command: str, stdin: bytes, result: bytes | None, env: dict[str, str], settings: Settings) -> None:
-    """cni-reaper's own part of the call, which never changes its outcome and is bounded in time."""
-    import _signal as signal  # not `signal`: it imports enum, milliseconds on every call
+class Own:
+    """cni-reaper's own part of one call, which never changes its outcome and is bounded in time: wrapTimeout
+    for all of it, whether it runs at once (`run`) or partly beside the real plugin (`later`: what the verb
+    left for then, e.g. DEL's sweep of the other attachments)."""
 
-    def out_of_time(signum: int, frame: Any) -> None:
-        raise Budget()
+    def __init__(self, command: str, env: dict[str, str], settings: Settings) -> None:
+        self.command, self.env, self.settings = command, env, settings
+        self.left: list[Callable[[], None]] = []
+        self.budget = settings.wrap_timeout
 
-    previous = signal.signal(signal.SIGALRM, out_of_time)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, settings.wrap_timeout)
-        try:
-            _quiet(settings, env)
-            conf = conf_for(stdin, result if command == "ADD" else None, settings)
+    def run(self, stdin: bytes, result: bytes | None) -> None:
+        def serve() -> None:
+            _quiet(self.settings, self.env)
+            conf = conf_for(stdin, result if self.command == "ADD" else None, self.settings)
             if conf is not None:
-                _serve(command, conf, env, settings)
+                _serve(self.command, conf, self.env, self.settings, self.left)
+
+        self._within_budget(serve)
+
+    def later(self) -> None:
+        def work() -> None:
+            for job in self.left:
+                job()
+
+        self._within_budget(work)
+
+    def _within_budget(self, work: Callable[[], None]) -> None:
+        import _signal as signal  # not `signal`: it imports enum, milliseconds on every call
+        import time
+
+        def out_of_time(signum: int, frame: Any) -> None:
+            raise Budget()
+
+        if self.budget <= 0:
+            _warn(f"cni-reaper's own work had no time left of wrapTimeout ({self.settings.wrap_timeout:g} s); "
+                  "a later call finishes it")
+            return
+        previous = signal.signal(signal.SIGALRM, out_of_time)
+        start = time.monotonic()
+        try:
+            signal.setitimer(signal.ITIMER_REAL, self.budget)
+            try:
+                work()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm due before this line is raised here, and caught
+        except Budget:
+            self.left = []
+            _warn(f"cni-reaper's own work took longer than wrapTimeout ({self.settings.wrap_timeout:g} s) and was "
+                  "stopped; a later call finishes it")
+        except BaseException as exc:  # noqa: BLE001 - the wrapped plugin's answer stands, whatever happens here
+            self.left = []
+            _warn(f"cni-reaper's own work failed: {type(exc).__name__}: {exc}")
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm due before this line is raised here, and caught
-    except Budget:
-        _warn(f"cni-reaper's own work took longer than wrapTimeout ({settings.wrap_timeout:g} s) and was stopped; "
-              "a later call finishes it")
-    except BaseException as exc:  # noqa: BLE001 - the wrapped plugin's answer stands, whatever happens here
-        _warn(f"cni-reaper's own work failed: {type(exc).__name__}: {exc}")
-    finally:
-        signal.signal(signal.SIGALRM, previous)
+            signal.signal(signal.SIGALRM, previous)
+            self.budget -= time.monotonic() - start
 
 
-def _serve(command: str, conf: dict[str, Any], env: dict[str, str], settings: Settings) -> None:
+def _serve(command: str, conf: dict[str, Any], env: dict[str, str], settings: Settings,
+           later: list[Callable[[], None]]) -> None:
     import io
 
     from cni_reaper.cni import shell
@@ -203,8 +261,13 @@ def _serve(command: str, conf: dict[str, Any], env: dict[str, str], settings: Se
 
     if settings.problem:
         _warn(settings.problem)
+
+    def handler(inv: shell.Invocation) -> Any:
+        inv.later = later
+        return dispatch(inv)
+
     out = io.StringIO()
-    shell.run(env, io.BytesIO(jsonio.dumps(conf).encode()), out, dispatch)
+    shell.run(env, io.BytesIO(jsonio.dumps(conf).encode()), out, handler)
     answer = out.getvalue()
     if answer and '"code"' in answer:  # cni-reaper's own error: logged, the real plugin's answer stands
         _warn(f"cni-reaper's own {command} did not succeed: {answer[:400]}")
