@@ -56,25 +56,42 @@ def _places(doc, prefix=()):
             yield from _places(doc[i], prefix + (i,))
 
 
-def _sealed(body: bytes) -> bytes:
-    """An index file around `body`, its checksum right (what only a writer of another build could leave)."""
-    import zlib
+def _sealed(hot: bytes, cold: bytes = b"[]", length: int | None = None) -> bytes:
+    """An index file of two parts, its checksums right (what only a writer of another build could leave)."""
+    from cni_reaper.state.index import seal
 
-    return MAGIC + zlib.crc32(body).to_bytes(4, "big") + body
+    data = seal(hot, cold)
+    if length is not None:
+        data = data[:len(MAGIC)] + length.to_bytes(4, "big") + data[len(MAGIC) + 4:]
+    return data
+
+
+def _hot(**kw) -> bytes:
+    doc = {"names": [], "inos": [], "quick": [], "raw": [], "hosts": [["b", "m", 1, 1]], "dirs": [[1, 2, []]], **kw}
+    return json.dumps(doc).encode()
 
 
 _ENTRY: list = [1, "n", "c", "eth0", "/p", [1, 2, 3], 0, 0, ["v", 1], None, None, False, False, [], None, False]
-_TABLES = {"hosts": [["b", "m", 1, 1]], "dirs": [[1, 2, []]]}
+_QUICK = [["b", "m", 1, 1], 0, 1, ["/p"], [1, 2, 3]]
 INDEXES = [None, b"", b"{}", b'{"version": 4, "entries": {"r-x.json": [1]}}', b"\x00" * 10,  # older and junk
-           MAGIC, MAGIC + b"\0\0", MAGIC + b"\0\0\0\0{}", _sealed(b"\xff" * 9), _sealed(b"{"),  # cut, damaged
-           _sealed(b"[1]"), _sealed(json.dumps({"entries": {"r-x.json": 1}, "hosts": [], "dirs": []}).encode()),
-           _sealed(json.dumps({"entries": {"r-x.json": [1, "n"]}, **_TABLES}).encode()),  # not entries
-           _sealed(json.dumps({"entries": {"r-x.json": _ENTRY}, **_TABLES}).encode()),  # no such record
-           _sealed(json.dumps({"entries": {"r-x.json": _ENTRY[:6] + [5, 7] + _ENTRY[8:]}, **_TABLES}).encode()),
-           _sealed(json.dumps({"entries": {"r-x.json": [None] * 16}, **_TABLES}).encode()),
-           _sealed(json.dumps({"entries": {"r-x.json": _ENTRY}, "hosts": [["b"]], "dirs": [[1, 2, []]]}).encode()),
+           MAGIC, MAGIC + b"\0\0", MAGIC + b"\0" * 12 + b"{}", _sealed(b"\xff" * 9), _sealed(b"{"),  # cut, damaged
+           _sealed(b"[1]"), _sealed(_hot(), length=1 << 30),  # a first part longer than the file
+           _sealed(_hot(names=["r-x.json"], inos=[1], raw=[[1, "n"]])),  # not entries
+           _sealed(_hot(names=["r-x.json"], inos=[1], raw=[_ENTRY])),  # no such record
+           _sealed(_hot(names=["r-x.json"], inos=["1"], raw=[_ENTRY])),
+           _sealed(_hot(names=["r-x.json", "r-x.json"], inos=[1, 1], raw=[_ENTRY, _ENTRY])),  # twice
+           _sealed(_hot(names=["r-x.json"], inos=[1], raw=[_ENTRY[:6] + [5, 7] + _ENTRY[8:]])),  # past the tables
+           _sealed(_hot(names=["r-x.json"], inos=[1], raw=[[None] * 16])),
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK]), json.dumps([_ENTRY]).encode()),  # no such record
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK]), b"[[1,"),  # its second part cut
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK]), b"[]"),  # its second part short
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b"], 0, 1, ["/p"], [1, 2, 3]]])),  # not a host
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b", "m", 1, 1], 0, 5, ["/p"], [1, 2, 3]]])),
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b", "m", 1, 1], 0, 1, [7], [1, "2", None]]]),
+                   json.dumps([_ENTRY]).encode()),
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK, _QUICK])),  # groups overlap
            _sealed(b"(" + (2**31 - 1).to_bytes(4, "little")),  # what made marshal allocate 16 GB (red team)
-           _sealed(b"[" * 100000)]
+           _sealed(b"[" * 100000), _sealed(_hot(), b"[" * 100000)]
 
 
 @st.composite

@@ -39,7 +39,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cni_reaper.state.index import Entry
+    from cni_reaper.state.index import Entry, QuickView
 
 from cni_reaper.reap import probes
 
@@ -175,16 +175,23 @@ def judge_life(f: Facts, view: View) -> tuple[str, str]:
     return UNKNOWN, f"{path_why}; {link_why}"
 
 
-def live_at_path(quick: dict[tuple, dict[str, tuple]], view: View) -> set[str]:
-    """Of the entries given by host as {host: {name: (netns path, (dev, ino, ctime) recorded)}} (index.quick),
-    the names of those that are LIVE by judge_life's first rule: in this boot, on this machine, the path
-    holds the very namespace recorded, seen with one lstat each. The others are judged in full. A verb's
-    sweep looks at every live attachment of the node: a thousand on a busy client."""
+def live_at_path(quick: QuickView, view: View) -> set[str]:
+    """Of the entries the index can judge quickly (Index.quick_view: flat lists by host as read, entries saved
+    since by host, the names whose flat lists are void), the names of those that are LIVE by judge_life's
+    first rule: in this boot, on this machine, the path holds the very namespace recorded, seen with one
+    lstat each. The others are judged in full. A verb's sweep looks at every live attachment of the node: a
+    thousand on a busy client."""
     h = view.host
     if h.boot is None or h.nsfs is None:
         return set()
+    flat, groups, changed = quick
     live: set[str] = set()
-    for host, group in quick.items():
+    for host, names, paths, ints in flat:
+        if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
+            live.update(probes.holding_flat(names, paths, ints))
+    if changed:
+        live -= changed  # what they hold now is in `groups`, or they are judged in full
+    for host, group in groups.items():
         if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
             live.update(probes.holding(group))
     return live

@@ -127,6 +127,21 @@ def holding(group: dict[str, tuple[str, tuple[int, int, int]]]) -> list[str]:
     return out
 
 
+def holding_flat(names: list[str], paths: list[str], ints: list[int]) -> list[str]:
+    """`holding` on flat lists as the index holds them: the names, their netns paths, and (dev, ino, ctime)
+    of each one's namespace one after another."""
+    lstat = os.lstat
+    out = []
+    for name, path, dev, ino, ctime in zip(names, paths, ints[0::3], ints[1::3], ints[2::3]):
+        try:
+            st = lstat(path)
+        except (OSError, ValueError, TypeError):
+            continue
+        if st.st_ino == ino and st.st_dev == dev and st.st_ctime_ns == ctime:
+            out.append(name)
+    return out
+
+
 def dir_id(path: str) -> dict[str, Any] | None:
     try:
         st = os.stat(path)

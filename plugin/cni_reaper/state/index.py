@@ -7,12 +7,16 @@ checked field by field), checked against one scan of the directory (names and in
 anything that does not agree, does not parse or is not an entry of this version makes it anew from the
 records, with a log line. Every save and removal under the lock keeps it current.
 
-`.index` is read by every call, 1,000 entries on a busy client: a magic line, a CRC-32 of the rest, and JSON
-(parsed by the C scanner, linear in its size whatever it holds: `marshal` was faster, but a few crafted
-bytes make it allocate gigabytes) holding each record file's inode, the hosts and netns directories once,
-and each entry's fields as a list, made an Entry only when asked for (unchecked: the CRC says the file is
-whole, as cni-reaper wrote it; an entry that still cannot be made removes the file, and the next call makes
-it anew). Only cni-reaper writes there (the directory is root's, 0700).
+`.index` is read by every call, 1,000 entries on a busy client: a magic line, a CRC-32 of the rest, the
+length of its first part, then two JSON documents (parsed by the C scanner, linear in its size whatever it
+holds: `marshal` was faster, but a few crafted bytes make it allocate gigabytes). The first, read by every
+call, holds what nothing stale takes: the record files' names and inodes, and the entries the quick
+judgement can judge as flat lists by host (their netns paths, their namespaces' dev, ino and ctime), every
+other entry whole; the second, read only when one of those quick entries must be read in full (it was not
+seen live, or the index is written whole), holds their fields. Entries are compact lists into tables of the
+hosts and netns directories, made an Entry only when asked for (unchecked: the CRC says the file is whole,
+as cni-reaper wrote it; an entry that still cannot be made removes the file, and the next call makes it
+anew). Only cni-reaper writes there (the directory is root's, 0700).
 """
 
 from __future__ import annotations
@@ -23,14 +27,20 @@ if TYPE_CHECKING:
 
     from cni_reaper.state.safedir import SafeDir
 
+    # what the quick judgement reads (Index.quick_view): the flat lists as read, by host (host, names, netns
+    # paths, dev/ino/ctime triples); the entries saved since, by host ({name: (netns path, (dev, ino, ctime))});
+    # the names whose flat lists are void
+    QuickView = tuple[list[tuple[tuple, list[str], list[str], list[int]]], dict[tuple, dict[str, tuple]], set[str]]
+
 from cni_reaper import jsonio, log
 from cni_reaper.state.record import parse_time
 
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
 JOURNAL_MAX = 64  # lines, before the index is written whole again
-VERSION = 5
-MAGIC = b"cni-reaper index 5\n"
+VERSION = 6
+MAGIC = b"cni-reaper index 6\n"
+HEAD = len(MAGIC) + 12  # the magic line, the length of the first part, the CRC-32 of each part
 MAX_BYTES = 64 << 20
 
 
@@ -38,11 +48,15 @@ class Damaged(ValueError):
     """An entry of the index cannot be made (the file is then removed: the next call makes it anew)."""
 
 
+def _is_quick(v: list[Any]) -> bool:
+    """quick_of's rule, on a compact list: no tombstone, no earlier lives, a pinned namespace, a known host."""
+    ns = v[5]
+    return v[9] is None and not v[12] and bool(ns) and ns[2] is not None and v[7] >= 0
+
+
 def encode(entries: dict[str, Entry], raw: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> bytes:
     """The bytes of `.index`: `entries` made (and `raw`: entries read and not made, as compact lists into
     `hosts` and `dirs`) as compact lists, with each record file's inode."""
-    import zlib
-
     host_at: dict[Any, int] = {}
     dir_at: dict[Any, int] = {}
     out_hosts: list[Any] = []
@@ -70,28 +84,107 @@ def encode(entries: dict[str, Entry], raw: dict[str, list[Any]], hosts: list[Any
                    at(host_at, out_hosts, e.host, list(e.host) if e.host else None),
                    list(e.veth) if e.veth else None, e.deleted_at, e.cached, e.verify, e.earlier, e.ips, e.cache_dir,
                    e.left]
-    text = jsonio.dumps({"hosts": out_hosts, "dirs": out_dirs, "entries": body}).encode()
-    return MAGIC + zlib.crc32(text).to_bytes(4, "big") + text
+    return _laid_out(body, out_hosts, out_dirs)
 
 
-def decode(data: bytes) -> tuple[dict[str, list[Any]], list[Any], list[Any]] | str | None:
-    """(name -> compact list, hosts, dirs) as `.index` holds them; or why it cannot be used (None: it is of
+def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> bytes:
+    """The file: the quick entries' names first, by host, with their flat lists; their compact lists apart."""
+    groups: dict[int, list[str]] = {}
+    others = []
+    for n, v in body.items():
+        if _is_quick(v):
+            groups.setdefault(v[7], []).append(n)
+        else:
+            others.append(n)
+    names: list[str] = []
+    quick = []
+    for h, members in groups.items():
+        start = len(names)
+        names += members
+        quick.append([hosts[h], start, len(names), [body[n][4] for n in members],
+                      [x for n in members for x in body[n][5]]])
+    cold = [body[n] for n in names]
+    names += others
+    hot = {"names": names, "inos": [body[n][0] for n in names], "quick": quick, "raw": [body[n] for n in others],
+           "hosts": hosts, "dirs": dirs}
+    return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
+
+
+def seal(first: bytes, second: bytes) -> bytes:
+    """The file around its two parts: the magic line, the first one's length, a CRC-32 of each (the second
+    one's checked only when it is read)."""
+    import zlib
+
+    return (MAGIC + len(first).to_bytes(4, "big") + zlib.crc32(first).to_bytes(4, "big")
+            + zlib.crc32(second).to_bytes(4, "big") + first + second)
+
+
+def decode(data: bytes) -> tuple[dict[str, Any], bytes] | str | None:
+    """(the first part, the second part's CRC and bytes) of `.index`; or why it cannot be used (None: it is of
     another version)."""
     import zlib
 
     if not data.startswith(MAGIC):
         return None
-    start = len(MAGIC) + 4
-    if len(data) < start or zlib.crc32(memoryview(data)[start:]) != int.from_bytes(data[len(MAGIC):start], "big"):
+    m = len(MAGIC)
+    end = HEAD + int.from_bytes(data[m:m + 4], "big")
+    if len(data) < HEAD or end > len(data):
+        return "its parts are cut"
+    if zlib.crc32(memoryview(data)[HEAD:end]) != int.from_bytes(data[m + 4:m + 8], "big"):
         return "its checksum does not match (cut or damaged)"
     try:
-        doc = jsonio.loads(data[start:])
+        hot = jsonio.loads(data[HEAD:end])
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         return f"it does not parse: {str(exc)[:100]}"
-    if not (type(doc) is dict and type(doc.get("entries")) is dict and type(doc.get("hosts")) is list
-            and type(doc.get("dirs")) is list):
+    if not (type(hot) is dict and all(type(hot.get(k)) is list for k in ("names", "inos", "quick", "raw", "hosts", "dirs"))):
         return "it holds no entries"
-    return doc["entries"], doc["hosts"], doc["dirs"]
+    return hot, data[m + 8:m + 12] + data[end:]
+
+
+def second_part(sealed: bytes) -> Any:
+    """The second part as decode() gives it (its CRC, then it), parsed (ValueError when damaged)."""
+    import zlib
+
+    if len(sealed) < 4 or zlib.crc32(memoryview(sealed)[4:]) != int.from_bytes(sealed[:4], "big"):
+        raise ValueError("its second part's checksum does not match (cut or damaged)")
+    return jsonio.loads(sealed[4:])
+
+
+def decode_all(data: bytes) -> tuple[dict[str, list[Any]], list[Any], list[Any]]:
+    """Every entry of `.index` as a compact list (name -> list), with its tables (for tests and tools; a
+    ValueError when it is not one)."""
+    whole = decode(data)
+    if not isinstance(whole, tuple):
+        raise ValueError(whole or "another version")
+    hot, cold = whole
+    quick = second_part(cold)
+    names = hot["names"]
+    q = len(names) - len(hot["raw"])
+    if type(quick) is not list or len(quick) != q:
+        raise ValueError("its second part does not match its first")
+    return dict(zip(names, quick + hot["raw"])), hot["hosts"], hot["dirs"]
+
+
+def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tuple[tuple, int, int, list[str], list[int]]],
+                                              dict[str, list[Any]]]:
+    """(name -> inode, the names, the quick entries' flat lists by host, the other entries' compact lists) of
+    the first part of `.index`, its shape checked (ValueError, TypeError, IndexError when it is not one)."""
+    names, inos, raw = hot["names"], hot["inos"], hot["raw"]
+    by_name = dict(zip(names, inos))  # names and inodes of another type never equal the directory's (Index.load)
+    if len(by_name) != len(names) or len(inos) != len(names):
+        raise ValueError("a name twice, or a name without an inode")
+    flat, at = [], 0
+    for group in hot["quick"]:
+        host, start, end, paths, ints = group
+        host = tuple(host)
+        if (start != at or type(end) is not int or end < start or len(host) != 4 or type(host[0]) is not str
+                or type(host[1]) is not str or len(paths) != end - start or len(ints) != 3 * (end - start)):
+            raise ValueError("a group of quick entries is not one")
+        flat.append((host, start, end, paths, ints))
+        at = end
+    if at + len(raw) != len(names):
+        raise ValueError("the entries do not match the names")
+    return by_name, names, flat, dict(zip(names[at:], raw))
 
 
 def make(v: list[Any], hosts: list[Any], dirs: list[Any]) -> Entry:
@@ -185,29 +278,48 @@ class Entry:
 
 class Index:
     """The index of one state directory, valid while its lock is held. `inos` names every record file;
-    `quick` is what the quick judgement reads, by host (evidence.live_at_path); `entries` makes every entry."""
+    `quick_view()` is what the quick judgement reads (evidence.live_at_path); `entries` makes every entry."""
 
     def __init__(self, sd: SafeDir) -> None:
         self.sd = sd
         self.inos: dict[str, int] = {}  # record file name -> inode
-        self.quick: dict[tuple, dict[str, tuple]] = {}  # host -> {record file name -> quick_of(its entry)[1]}
+        # host -> {record file name -> quick_of(its entry)[1]}, for entries saved since the index was read
+        self.quick: dict[tuple, dict[str, tuple]] = {}
         self._raw: dict[str, list[Any]] = {}  # entries read and not made yet: name -> compact list
         self._hosts: list[Any] = []  # the tables the compact lists point into
         self._dirs: list[Any] = []
         self._made: dict[str, Entry] = {}
+        # as `.index` holds them: every name (the quick entries first, by host), the quick entries' flat lists
+        # by host (host, start, end, netns paths, dev/ino/ctime triples), the quick entries' compact lists
+        # (its second part, parsed when one is asked for), the names changed since (whose flat lists are void)
+        self._names: list[str] = []
+        self._flat: list[tuple[tuple, int, int, list[str], list[int]]] = []
+        self._cold: bytes | None = None
+        self._changed: set[str] = set()
         self._journal_lines = 0
         self._pending: list[bytes] = []  # journal lines of a batch of removals, written at flush()
 
     @property
     def entries(self) -> dict[str, Entry]:
         """Every entry (record file name -> entry), made now if not yet."""
+        self._read_cold()
         self._make(list(self._raw))
         return self._made
 
     def entries_but(self, names: set[str]) -> dict[str, Entry]:
         """The entries of every record file but `names`."""
-        self._make([n for n in self._raw if n not in names])
-        return {n: e for n, e in self._made.items() if n not in names}
+        made = self._made
+        want = [n for n in self.inos if n not in names and n not in made]
+        if want and self._cold is not None and any(n not in self._raw for n in want):
+            self._read_cold()
+        self._make(want)
+        return {n: e for n, e in made.items() if n not in names}
+
+    def quick_view(self) -> QuickView:
+        """(the flat lists as read, by host: (host, names, netns paths, dev/ino/ctime triples); the entries
+        saved since, by host: {name: (netns path, (dev, ino, ctime))}; the names whose flat lists are void)."""
+        names = self._names
+        return [(h, names[a:b], p, i) for h, a, b, p, i in self._flat], self.quick, self._changed
 
     def _make(self, names: list[str]) -> None:
         for n in names:
@@ -218,6 +330,23 @@ class Index:
                 raise Damaged(f"index entry {n[:80]} cannot be read ({type(exc).__name__}): the index is made anew "
                               "by the next call") from None
 
+    def _read_cold(self) -> None:
+        """The quick entries' compact lists, from the second part of `.index` (once)."""
+        if self._cold is None:
+            return
+        cold, self._cold = self._cold, None
+        try:
+            lists = second_part(cold)
+            if type(lists) is not list or len(lists) != (self._flat[-1][2] if self._flat else 0):
+                raise ValueError("its second part does not match its first")
+        except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+            self._unusable()
+            raise Damaged(f"the index cannot be read ({str(exc)[:80]}): it is made anew by the next call") from None
+        changed, raw = self._changed, self._raw
+        for n, v in zip(self._names, lists):
+            if n not in changed:
+                raw[n] = v
+
     def _unusable(self) -> None:
         if not self.sd.read_only:
             try:
@@ -225,11 +354,15 @@ class Index:
             except OSError:
                 pass
 
+    def _reset(self) -> None:
+        self.inos, self.quick, self._raw, self._made = {}, {}, {}, {}
+        self._names, self._flat, self._cold, self._changed = [], [], None, set()
+
     def load(self, found: dict[str, int]) -> bool:
         """Take the index on disk if it agrees with `found` (record file name -> inode); False when it must be
         made anew (then the caller rebuilds it from the records)."""
         if not self._read() or self.inos != found:
-            self.inos, self.quick, self._raw, self._made = {}, {}, {}, {}
+            self._reset()
             return False
         if self._journal_lines > JOURNAL_MAX:
             self.write_whole()
@@ -242,9 +375,8 @@ class Index:
             if whole:
                 log.warn("index unusable; made anew from the records", problem=whole)
             return False
-        self._raw, self._hosts, self._dirs = whole
         try:
-            self._derive()
+            self._take(*whole)
         except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
             log.warn("index unusable; made anew from the records", problem=f"an entry is not one ({type(exc).__name__})")
             return False
@@ -252,8 +384,11 @@ class Index:
         lines = (journal or b"").splitlines()
         self._journal_lines = len(lines)
         try:
-            for line in lines:
-                name, v = jsonio.loads(line)
+            # one parse for all of its lines (a line cut or damaged fails it all, as it would alone)
+            changes = jsonio.loads(b"[" + b",".join(lines) + b"]") if lines else []
+            if len(changes) != len(lines):  # a line holding two documents
+                raise ValueError("a journal line is not one change")
+            for name, v in changes:
                 e = None if v is None else Entry.of_list(v)
                 if (v is not None and e is None) or not isinstance(name, str):
                     log.warn("index journal line unusable; index made anew from the records", record=str(name)[:80])
@@ -264,27 +399,14 @@ class Index:
             return False
         return True
 
-    def _derive(self) -> None:
-        """`inos` and `quick` from the compact lists just read (quick_of's rule, on the lists)."""
-        hosts, inos, quick = self._hosts, {}, {}
-        groups: dict[int, dict[str, tuple]] = {}
-        for n, v in self._raw.items():
-            inos[n] = v[0]
-            ns = v[5]
-            if v[9] is None and not v[12] and ns and ns[2] is not None and v[7] >= 0:
-                groups.setdefault(v[7], {})[n] = (v[4], ns)
-        for h, group in groups.items():
-            host = tuple(hosts[h])
-            if len(host) != 4 or not (type(host[0]) is str and type(host[1]) is str):
-                raise TypeError("a host is not one")
-            quick[host] = group
-        if not all(type(i) is int for i in inos.values()):
-            raise TypeError("an inode is not a number")
-        self.inos, self.quick = inos, quick
+    def _take(self, hot: dict[str, Any], cold: bytes) -> None:
+        self.inos, self._names, self._flat, self._raw = first_part(hot)
+        self._cold, self._hosts, self._dirs = cold, hot["hosts"], hot["dirs"]
 
     def put(self, name: str, entry: Entry | None) -> None:
         """The index in memory: a record's entry, or its removal (None)."""
         self._raw.pop(name, None)
+        self._changed.add(name)
         for group in self.quick.values():
             group.pop(name, None)
         if entry is None:
@@ -332,6 +454,7 @@ class Index:
         """The index written whole, and the journal emptied. Not fsynced: a lost or stale index is found out
         and made anew (load())."""
         try:
+            self._read_cold()
             data = encode(self._made, self._raw, self._hosts, self._dirs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:  # an entry read that is not one
             log.warn("index unusable; made anew by the next call", problem=type(exc).__name__)

@@ -13,6 +13,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from cni_reaper.state.index import QuickView
+
 from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from cni_reaper.locking import flock_within
@@ -132,15 +134,15 @@ class Store:
         assert self.index is not None, "the index is valid only under the state lock"
         return self.index.entries_but(but) if but else self.index.entries
 
-    def quick(self) -> dict[tuple, dict[str, tuple]]:
-        """What the quick judgement reads of the entries it can judge, by host (index.quick_of)."""
+    def quick(self) -> QuickView:
+        """What the quick judgement reads of the entries it can judge (Index.quick_view)."""
         assert self.index is not None, "the index is valid only under the state lock"
-        return self.index.quick
+        return self.index.quick_view()
 
     # -- the index under the lock ----------------------------------------------------------------
     def _load_index(self) -> None:
         found = self.dir.scan()
-        others = [n for n in found if not is_record_name(n)]
+        others = [n for n in found if not (n.startswith(RECORD_PREFIX) and n.endswith(RECORD_SUFFIX))]  # is_record_name
         self.dir.sweep_temps(others)
         for n in others:
             del found[n]
@@ -177,6 +179,9 @@ class Store:
             log.warn("record unusable and could not be moved aside", record=name, problem=why, error=exc.strerror)
 
 
+_last_index: Index | None = None
+
+
 class _Locked:
     """The state lock as a context manager (a class: contextlib costs milliseconds to import)."""
 
@@ -207,5 +212,8 @@ class _Locked:
     def __exit__(self, *exc: object) -> None:
         import os
 
-        self.store.index = None  # valid only while the lock is held
+        global _last_index
+        # valid only while the lock is held; kept until the next one is let go (freeing a thousand entries
+        # costs a call with nothing stale a few tenths of a ms, and a CNI call ends with os._exit)
+        _last_index, self.store.index = self.store.index, None
         os.close(self.fd)  # closing the fd releases the flock
