@@ -109,6 +109,38 @@ def test_del_marks_a_tombstone_once(tmp_path):
     assert records(state)[0]["deleted"] == first
 
 
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_del_run_beside_the_plugins_leaves_what_changed_since_to_the_next_sweep(tmp_path, monkeypatch, beside):
+    """The wrapper runs a DEL beside the real plugin's only when a look at the record found nothing of the
+    attachment to remove first. Should the DEL, judging again under the lock, find something after all (the
+    record or the netns changed in between: a case only a fake can make), it removes nothing beside the
+    plugins' teardown: its tombstone asks the next sweep for a second look. Run at once, it removes what it
+    found and needs no second look."""
+    import io
+
+    from cni_reaper.cni import shell
+    from cni_reaper.verbs import delete
+    from cni_reaper.verbs.dispatch import dispatch
+
+    state = tmp_path / "s"
+    invoke("ADD", conf(state))
+    jobs: list = []
+
+    def handler(inv):
+        inv.later = jobs if beside else None
+        return dispatch(inv)
+
+    monkeypatch.setattr(delete, "can_wait", lambda inv: True)
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "alloc-1", "CNI_NETNS": "/var/run/netns/gone-meanwhile",
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin"}
+    assert shell.run(env, io.BytesIO(json.dumps(conf(state)).encode()), io.StringIO(), handler) == 0
+    assert len(jobs) == (1 if beside else 0)
+    for job in jobs:
+        job()
+    [rec] = records(state)
+    assert rec["deleted"]["verify"] is beside
+
+
 def test_del_with_unusable_state_dir_still_succeeds(tmp_path):
     target = tmp_path / "real"
     target.mkdir()

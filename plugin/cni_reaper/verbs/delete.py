@@ -107,12 +107,13 @@ def run(inv: Invocation) -> None:
         log.warn("DEL has no usable state directory; nothing of this attachment can be looked up")
         return None
     if inv.later is not None and can_wait(inv):
-        inv.later.append(lambda: _run(inv))
+        inv.later.append(lambda: _run(inv, beside=True))
         return None
     return _run(inv)
 
 
-def _run(inv: Invocation) -> None:
+def _run(inv: Invocation, beside: bool = False) -> None:
+    """The DEL; `beside`: run while the downstream plugins' DEL runs (can_wait said nothing must go first)."""
     conf = inv.conf
     store = Store(conf.stateDir, conf.lockTimeout)
     view = View()
@@ -125,10 +126,17 @@ def _run(inv: Invocation) -> None:
                 log.info("no record for this attachment; nothing of it to remove")
             else:
                 extra = immediate_targets(record, inv, view)
+                verify = bool(extra)
+                if beside and extra:
+                    # changed since can_wait looked: removing them now would race the plugins' own teardown;
+                    # the tombstone asks the next sweep for a second look instead
+                    log.info("something of this attachment is to go that the plugins' DEL may still be removing; "
+                             "left for the next sweep")
+                    extra = []
                 if record["deleted"] is None:
                     s = record["settings"] or {"cniCacheDir": conf.cniCacheDir}
                     record["deleted"] = tombstone(probes.netns_id(inv.netns) is None, conf.prevResult is not None,
-                                                  bool(conf.portMappings), verify=bool(extra),
+                                                  bool(conf.portMappings), verify=verify,
                                                   cached=cache.exists(s["cniCacheDir"], *key(record)))
                 store.save(record)
             exclude = frozenset({key(record)}) if record is not None else frozenset()

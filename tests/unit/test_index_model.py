@@ -1,0 +1,156 @@
+"""The index's bookkeeping held to a model: random saves (every kind of entry), removals journaled and batched,
+the index written whole and read back as the next call reads it, files re-made at their paths; after each
+step what the quick judgement says, what the entries hold and the inodes must be the model's. Regular files
+stand in for pinned namespaces (holding_flat compares lstat's dev, inode and ctime only), so no root and no
+namespace is needed. (From a red team of index v6.) CNI_REAPER_INDEX_SEEDS and _STEPS make it longer."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from cni_reaper.reap import evidence
+from cni_reaper.state.index import Entry, Index, quick_of
+from cni_reaper.state.safedir import SafeDir
+
+
+class FakeHost:
+    def __init__(self, boot, machine):
+        self.boot, self.machine, self.nsfs, self.netns, self.mnt, self.problem = boot, machine, 1, 1, 1, ""
+
+
+class FakeView:
+    def __init__(self, host):
+        self.host = host
+
+
+HOSTS = [("boot-a", "m1", 1, 2), ("boot-a", "m1", 1, 3), ("boot-b", "m1", 1, 2), ("boot-a", "", 4, 2), None]
+
+
+def _entry(rnd, tmp, files, ino):
+    path = rnd.choice(files)
+    st = os.lstat(path)
+    ns_kind = rnd.random()
+    if ns_kind < 0.6:
+        ns = (st.st_dev, st.st_ino, st.st_ctime_ns)
+    elif ns_kind < 0.75:
+        ns = (st.st_dev, st.st_ino, st.st_ctime_ns + 1)  # recreated: same inode, another ctime
+    elif ns_kind < 0.85:
+        ns = (st.st_dev, st.st_ino, None)
+    else:
+        ns = None
+    host = rnd.choice(HOSTS)
+    deleted = rnd.choice([None, None, None, 12.5])
+    return Entry(ino, "net", f"c{rnd.randrange(1000)}", "eth0", str(path), ns,
+                 (1, 2, (rnd.randrange(3),)) if rnd.random() < 0.7 else None, host,
+                 ("veth1", 3) if rnd.random() < 0.5 else None, deleted, True if deleted else None,
+                 bool(deleted) and rnd.random() < 0.5, rnd.random() < 0.15, [f"10.0.0.{rnd.randrange(9)}"],
+                 "/c" if rnd.random() < 0.5 else None, rnd.random() < 0.1)
+
+
+def _expected_live(model, view):
+    h = view.host
+    out = set()
+    for n, e in model.items():
+        q = quick_of(e)
+        if q is None:
+            continue
+        host, (path, ns) = q
+        if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino, st.st_ctime_ns) == tuple(ns):
+                out.add(n)
+    return out
+
+
+class Run:
+    """The index under test, the model it must agree with, and the removals batched and not flushed yet."""
+
+    def __init__(self, tmp_path, rnd):
+        self.rnd, self.tmp = rnd, tmp_path
+        self.files = []
+        for i in range(6):
+            p = tmp_path / f"ns-{i}"
+            p.write_text("x")
+            self.files.append(p)
+        self.sd = SafeDir(str(tmp_path / "s")).open()
+        self.idx = Index(self.sd)
+        self.idx.write_whole()
+        self.model: dict[str, Entry] = {}
+        self.ino = 100
+        self.pending: set[str] = set()
+
+    def flush(self):
+        self.idx.flush()
+        self.pending.clear()
+
+    def save(self, n):
+        self.ino += 1
+        e = _entry(self.rnd, self.tmp, self.files, self.ino)
+        if n in self.pending:  # as the sweeps do: removals batched, flushed before anything else of that name
+            self.flush()
+        self.idx.set(n, e)
+        self.model[n] = e
+
+    def remove(self, n):
+        if n in self.idx.inos:
+            batch = self.rnd.random() < 0.7
+            self.idx.set(n, None, write=not batch)
+            if batch:
+                self.pending.add(n)
+            self.model.pop(n, None)
+
+    def reread(self):  # a new call: reads `.index` and its journal back
+        self.flush()
+        again = Index(self.sd)
+        assert again.load({n: e.ino for n, e in self.model.items()})
+        self.idx = again
+
+    def step(self):
+        op, rnd = self.rnd.random(), self.rnd
+        n = f"r-{rnd.randrange(12):02d}.json"
+        if op < 0.45:
+            self.save(n)
+        elif op < 0.6:
+            self.remove(n)
+        elif op < 0.65:
+            self.flush()
+        elif op < 0.72:
+            self.flush()
+            self.idx.write_whole()
+        elif op < 0.85:
+            self.reread()
+        elif op < 0.9:  # a file at a path re-made (a netns re-created: its ctime changes)
+            p = rnd.choice(self.files)
+            os.utime(p)
+            os.chmod(p, 0o600 if rnd.random() < 0.5 else 0o644)
+
+    def check(self, view):
+        """What a sweep reads, against the model."""
+        live = evidence.live_at_path(self.idx.quick_view(), view)
+        assert live == _expected_live(self.model, view)
+        if self.rnd.random() < 0.5:
+            got = self.idx.entries_but(live) if live else self.idx.entries
+            assert set(got) == set(self.model) - live
+            for n, e in got.items():
+                assert e.to_list() == self.model[n].to_list(), n
+        assert self.idx.inos == {n: e.ino for n, e in self.model.items()}
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("CNI_REAPER_INDEX_SEEDS", "60"))))
+def test_the_index_says_what_a_model_of_it_says(tmp_path, seed):
+    rnd = random.Random(seed)
+    run = Run(tmp_path, rnd)
+    views = [FakeView(FakeHost("boot-a", "m1")), FakeView(FakeHost("boot-a", "")), FakeView(FakeHost("boot-b", "m2"))]
+    for step in range(int(os.environ.get("CNI_REAPER_INDEX_STEPS", "120"))):
+        run.step()
+        try:
+            run.check(rnd.choice(views))
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}, step {step}: {exc}") from None
+    run.sd.close()
