@@ -124,6 +124,11 @@ def median_ms(xs: list[float]) -> float:
     return round(statistics.median(xs) * 1000, 2)
 
 
+def paired_ms(samples: dict[str, list[dict]], a: str, b: str) -> float:
+    """The median of a - b over the rounds of interleaved(): what the machine's drift between rounds cancels out of."""
+    return median_ms([x["s"] - y["s"] for x, y in zip(samples[a], samples[b])])
+
+
 def interleaved(pairs: int, calls: dict) -> dict[str, list[dict]]:
     """Run each named call once per round, the order reversed every other round."""
     out: dict[str, list[dict]] = {name: [] for name in calls}
@@ -234,6 +239,9 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
                 "DEL nothing stale / portmap DEL": round(med["cni-reaper DEL, nothing stale"] / med["portmap DEL"], 3),
                 "ADD with 1,000 live records - ADD (ms)": round(med["cni-reaper ADD, 1,000 live records"] - med["cni-reaper ADD"], 2),
                 "DEL with 1,000 live records - DEL (ms)": round(med["cni-reaper DEL, 1,000 live records"] - med["cni-reaper DEL, nothing stale"], 2),
+                "ADD with 1,000 live records - ADD, paired rounds (ms)": paired_ms(samples, "cni-reaper ADD, 1,000 live records", "cni-reaper ADD"),
+                "DEL with 1,000 live records - DEL, paired rounds (ms)": paired_ms(samples, "cni-reaper DEL, 1,000 live records",
+                                                                              "cni-reaper DEL, nothing stale"),
                 "chain ADD share": round(chain["with cni-reaper"] / chain["without"] - 1, 3),
                 "chain ADD share of the floor": round(chain["with the floor"] / chain["without"] - 1, 3),
             }}
@@ -565,7 +573,8 @@ TARGETS = [
     ("ADD <= 0.5 x portmap ADD", lambda r, f: r["verbs"][f]["ratios"]["ADD / portmap ADD"] <= 0.5),
     ("DEL nothing stale <= 1.0 x portmap DEL (legacy), <= 0.5 x (nft)",
      lambda r, f: r["verbs"][f]["ratios"]["DEL nothing stale / portmap DEL"] <= (1.0 if f == "legacy" else 0.5)),
-    ("1,000 live records add <= 5 ms to an ADD", lambda r, f: r["verbs"][f]["ratios"]["ADD with 1,000 live records - ADD (ms)"] <= 5),
+    ("1,000 live records add <= 5 ms to an ADD (paired rounds)",
+     lambda r, f: r["verbs"][f]["ratios"]["ADD with 1,000 live records - ADD, paired rounds (ms)"] <= 5),
     ("chain ADD grows <= 15 %", lambda r, f: r["verbs"][f]["ratios"]["chain ADD share"] <= 0.15),
     ("the wrapper adds no more than cni-reaper chained last (ADD; portmap's stand-in, paired rounds)",
      lambda r, f: all(v <= 0 for k, v in r["verbs"][f]["wrap_alone_ms"].items() if k.startswith("ADD: "))),

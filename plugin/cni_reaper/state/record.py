@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     Life = dict[str, Any]  # one life of it (an "incarnation": what one ADD set up)
 
 from cni_reaper import __version__
+from cni_reaper.state.names import MAX_RECORD_BYTES  # noqa: F401 - the records' limit, beside the fields' own
 
 SCHEMA = 2
 SCHEMAS = (1, 2)  # what is read
@@ -40,8 +41,7 @@ MAX_TEXT = 4096  # a path or name recorded (CNI_NETNS: the shell takes no longer
 MAX_DIR = 1024  # a data dir recorded (a configured path: conf.MAX_PATH)
 MAX_HOST = 256  # a boot id or machine id (36 and 32 characters)
 MAX_LINK = 15  # a link name (IFNAMSIZ - 1)
-# Larger than any record the builders can make with the limits above (every string escaped to \\uXXXX):
-MAX_RECORD_BYTES = 8 << 20
+# MAX_RECORD_BYTES (state/names.py) is larger than any record the limits above allow
 
 
 # -- times (ISO 8601 UTC, microseconds; no datetime import on the hot path) ---------------------------

@@ -1,5 +1,5 @@
 """The records of one state directory: one file per attachment, named by a hash of its key (network,
-container ID, ifname), so that no input becomes a path; written atomically and durably (state/safedir.py);
+container ID, ifname: state/names.py), so that no input becomes a path; written atomically and durably (state/safedir.py);
 read back only when they are regular files of ours that the record check accepts, else moved aside as
 `*.corrupt` with a log line (never a crash, never a verb failed for another attachment's file); one flock
 serialises writers, with a bounded wait; the index (state/index.py) is valid while it is held.
@@ -19,30 +19,12 @@ from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from cni_reaper.locking import flock_within
 from cni_reaper.state.index import Entry, Index
-from cni_reaper.state.record import MAX_RECORD_BYTES, key, problem, upgrade
+from cni_reaper.state.names import MAX_RECORD_BYTES, RECORD_PREFIX, RECORD_SUFFIX, is_record_name, record_name
+from cni_reaper.state.record import key, problem, upgrade
 from cni_reaper.state.safedir import SafeDir
 
 LOCK_NAME = ".lock"
-RECORD_PREFIX = "r-"
-RECORD_SUFFIX = ".json"
 CORRUPT_SUFFIX = ".corrupt"
-
-try:  # the builtin digest module: hashlib would load OpenSSL, a few ms on every invocation
-    from _sha256 import sha256
-except ImportError:  # Python 3.12+
-    try:
-        from _sha2 import sha256
-    except ImportError:
-        from hashlib import sha256
-
-
-def record_name(network: str, container_id: str, ifname: str) -> str:
-    digest = sha256(f"{network}\0{container_id}\0{ifname}".encode("utf-8", "surrogatepass")).hexdigest()[:40]
-    return f"{RECORD_PREFIX}{digest}{RECORD_SUFFIX}"
-
-
-def is_record_name(name: str) -> bool:
-    return name.startswith(RECORD_PREFIX) and name.endswith(RECORD_SUFFIX)
 
 
 class Store:

@@ -9,27 +9,15 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.cni.shell import Invocation
+    from cni_reaper.reap.evidence import View
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
 
+# the rest (the store, the evidence, the sweep) is imported by the DEL itself: run beside the real plugin in
+# wrap mode, its imports are too
 from cni_reaper import log
 from cni_reaper.errors import CniError
-from cni_reaper.reap import cache, probes
-from cni_reaper.reap.evidence import DEAD, View
-from cni_reaper.state.record import key, tombstone
-from cni_reaper.state.store import Store
-
-
-def _same_life(record: dict[str, Any], inv: Invocation) -> bool:
-    """This DEL's netns is the recorded path and holds the very namespace recorded."""
-    cur = record["current"]
-    now, rec = probes.netns_id(inv.netns), cur["netnsId"]
-    if now is None or inv.netns != cur["netns"]:
-        return False
-    if rec is None:
-        return True
-    return (now["dev"], now["ino"]) == (rec["dev"], rec["ino"]) and (
-        rec.get("ctime") is None or now["ctime"] is None or now["ctime"] == rec["ctime"])
+from cni_reaper.verbs.first import can_wait, nothing_first, same_life
 
 
 def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> list[Target]:
@@ -44,16 +32,17 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
     reservation released before the firewall plugin's DEL has run could be given to an attachment whose
     rules that DEL would then delete."""
     conf = inv.conf
-    same = _same_life(record, inv)
+    if nothing_first(record, inv):
+        return []  # the common case: the downstream plugins remove everything; nothing to import
+    same = same_life(record, inv)
     parts = set()
     if same:
         if not conf.portMappings:
             parts.add("dnat")
         if conf.prevResult is None:
             parts.add("forward")
-    if same and not parts and not record["earlier"]:
-        return []  # the common case: the downstream plugins remove everything; nothing to import
-    from cni_reaper.reap.evidence import Facts, judge_life
+    from cni_reaper.reap import probes
+    from cni_reaper.reap.evidence import DEAD, Facts, judge_life
     from cni_reaper.reap.sweep import Judged, Settings, dead_target, earlier_target, settings_of
     from cni_reaper.reap.targets import PARTS
 
@@ -78,27 +67,14 @@ def _finished(record: dict[str, Any], outcome: Outcome | None) -> bool:
     """Whether this DEL's own clean-up removed everything it was to remove: then its tombstone needs no second
     look, which could only find a new life of the same container by then (same chains, perhaps the same
     address). Not when something failed, could not be looked at, was left on purpose, or only observed."""
+    from cni_reaper.state.record import key
+
     if outcome is None:
         return False
     k = key(record)
     mine = f"{k[0]} {k[1]}"
     return (k not in outcome.kept and k not in outcome.would and not outcome.errors
             and not any(m == mine or m.startswith(mine + " ") or m.startswith(mine + ":") for m in outcome.skipped))
-
-
-def can_wait(inv: Invocation) -> bool:
-    """Whether nothing of this attachment must go before the downstream plugins' DEL (no immediate targets, as a
-    look at its record without the lock says): then the tombstone and the sweep may run beside them (the
-    wrapper runs them while the real plugin runs), the DEL itself judging again under the lock."""
-    store = Store(inv.conf.stateDir)
-    try:
-        store.open(create=False, read_only=True)  # a reader: what it cannot use it leaves for the DEL itself
-        record = store.load(inv.conf.name, inv.container_id, inv.ifname)
-        return record is None or not immediate_targets(record, inv, View())
-    except CniError:
-        return False
-    finally:
-        store.close()
 
 
 def run(inv: Invocation) -> None:
@@ -114,6 +90,11 @@ def run(inv: Invocation) -> None:
 
 def _run(inv: Invocation, beside: bool = False) -> None:
     """The DEL; `beside`: run while the downstream plugins' DEL runs (can_wait said nothing must go first)."""
+    from cni_reaper.reap import cache, probes
+    from cni_reaper.reap.evidence import View
+    from cni_reaper.state.record import key, tombstone
+    from cni_reaper.state.store import Store
+
     conf = inv.conf
     store = Store(conf.stateDir, conf.lockTimeout)
     view = View()

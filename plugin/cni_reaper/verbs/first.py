@@ -1,0 +1,55 @@
+"""What of an attachment a DEL must remove before the downstream plugins' DEL, told with few imports: the
+wrapper asks before it runs the real plugin, and when nothing must go first it runs the rest of cni-reaper's
+DEL (its imports included) while the real plugin runs."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.cni.shell import Invocation
+
+from cni_reaper import jsonio
+from cni_reaper.errors import CniError
+from cni_reaper.reap import probes
+from cni_reaper.state.names import MAX_RECORD_BYTES, record_name
+from cni_reaper.state.safedir import SafeDir
+
+
+def same_life(record: dict[str, Any], inv: Invocation) -> bool:
+    """This DEL's netns is the recorded path and holds the very namespace recorded."""
+    cur = record["current"]
+    now, rec = probes.netns_id(inv.netns), cur["netnsId"]
+    if now is None or inv.netns != cur["netns"]:
+        return False
+    if rec is None:
+        return True
+    return (now["dev"], now["ino"]) == (rec["dev"], rec["ino"]) and (
+        rec.get("ctime") is None or now["ctime"] is None or now["ctime"] == rec["ctime"])
+
+
+def nothing_first(record: dict[str, Any], inv: Invocation) -> bool:
+    """The common case: the recorded life is this DEL's live netns, the DEL carries the port mappings and
+    prevResult, and there is no earlier life: the downstream plugins' DEL removes everything of it."""
+    conf = inv.conf
+    return bool(conf.portMappings) and conf.prevResult is not None and not record["earlier"] and same_life(record, inv)
+
+
+def can_wait(inv: Invocation) -> bool:
+    """Whether, by a look at its record without the lock, nothing of this attachment must go before the
+    downstream plugins' DEL: then the tombstone and the sweep may run beside them, the DEL itself judging
+    again under the lock. A record that cannot be read or is not of this schema: no (the DEL runs at once)."""
+    conf = inv.conf
+    sd = SafeDir(conf.stateDir)
+    try:
+        sd.open(create=False, read_only=True)
+        data, why = sd.read(record_name(conf.name, inv.container_id, inv.ifname), MAX_RECORD_BYTES)
+        if data is None:
+            return why is None  # no record: nothing of it to remove
+        record = jsonio.loads(data)
+        return type(record) is dict and nothing_first(record, inv)
+    except (CniError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, UnicodeDecodeError):
+        return False
+    finally:
+        sd.close()
