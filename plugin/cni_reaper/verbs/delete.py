@@ -1,6 +1,8 @@
 """DEL: cni-reaper runs first in a DEL (reverse conflist order). It removes at once what the downstream
-plugins will not, marks the record torn down (a tombstone), and sweeps other dead attachments.
-Best effort: DEL never fails because of cni-reaper's own state or clean-up."""
+plugins will not, marks the record torn down (a tombstone), and sweeps other dead attachments. As the
+wrapper of portmap, when nothing of the attachment must go first (verbs/first.py), all of it runs beside
+the real plugin's DEL (Invocation.later). Best effort: DEL never fails because of cni-reaper's own state or
+clean-up."""
 
 from __future__ import annotations
 
