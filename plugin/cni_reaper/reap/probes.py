@@ -115,16 +115,8 @@ def holding(group: dict[str, tuple[str, tuple[int, int, int]]]) -> list[str]:
     holds that very namespace now, seen with one lstat each (a path that is a symlink, or holds something
     else, is not listed: netns_id says what is there). The identity is an nsfs one: no symlink has it. A
     batch: a sweep looks at every live attachment of the node on every call."""
-    lstat = os.lstat
-    out = []
-    for name, (path, ident) in group.items():
-        try:
-            st = lstat(path)
-        except (OSError, ValueError, TypeError):
-            continue
-        if (st.st_ino, st.st_dev, st.st_ctime_ns) == (ident[1], ident[0], ident[2]):
-            out.append(name)
-    return out
+    return holding_flat(list(group), [path for path, _ in group.values()],
+                        [x for _, ident in group.values() for x in ident])
 
 
 def holding_flat(names: list[str], paths: list[str], ints: list[int]) -> list[str]:
