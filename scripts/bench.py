@@ -536,6 +536,59 @@ def bench_native_sweep(n: int, driver: str) -> dict:
                     "per_attachment_ms": round(r["s"] / n * 1000, 3), "peak_rss_mib": round(r["kib"] / 1024, 1)}
 
 
+# The release the sweeps are held to, measured in the same run: its commit, built the way it was built (its own
+# scripts/bundle.py on the cached root file system) and swept by its own bench code (its records' schema)
+REFERENCES = {"0.2.0": "c01a5d0337c2046f532fee624637a3e5a56af0bf"}
+
+SWEEP_PROBE = """
+import json, os, sys
+repo, kind, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.path[:0] = [repo + "/plugin", repo + "/tests", repo + "/scripts"]
+os.chdir(repo)
+import bench
+driver = bench.build_driver()
+r = bench.bench_native_sweep(n, driver) if kind == "native" else bench.bench_sweep(kind, n, driver, False)
+print(json.dumps(r))
+"""
+
+
+def reference_checkout(version: str) -> Path:
+    """A worktree of release `version` under build/work with its bundle built (once)."""
+    where = REPO / "build" / "work" / f"ref-{version}"
+    if not (where / "dist" / "cni-reaper" / "cni-reaper").exists():
+        if not (where / ".git").exists():
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--force", "--detach", str(where),
+                            REFERENCES[version]], check=True, capture_output=True)
+        (where / "build").mkdir(exist_ok=True)
+        if not (where / "build" / "work").exists():
+            (where / "build" / "work").symlink_to(REPO / "build" / "work")
+        subprocess.run(["python3", "scripts/bundle.py"], cwd=where, check=True, capture_output=True)
+    return where
+
+
+def bench_against(version: str, kinds: list[str], n: int, rounds: int) -> dict:
+    """Sweeps of `n` dead attachments by main and by release `version`, interleaved, each with its own bench
+    code: medians of `rounds` each, and the median of the rounds' ratios (main / the release)."""
+    ref = reference_checkout(version)
+    seconds: dict[str, dict[str, list[float]]] = {k: {"main": [], version: []} for k in kinds}
+    for _ in range(rounds):
+        for kind in kinds:
+            for who, repo in (("main", REPO), (version, ref)):
+                proc = subprocess.run([sys.executable, "-c", SWEEP_PROBE, str(repo), kind, str(n)], text=True,
+                                      capture_output=True, timeout=1800,
+                                      env=dict(os.environ, PYTHONPATH=f"{repo}/plugin:{repo}/tests"))
+                if proc.returncode != 0:
+                    raise RuntimeError(f"sweep of {who} ({kind}) failed: {proc.stderr[-2000:]}")
+                seconds[kind][who].append(json.loads(proc.stdout.strip().splitlines()[-1])["seconds"])
+    out = {}
+    for kind, by in seconds.items():
+        out[kind] = {"main_s": round(statistics.median(by["main"]), 3),
+                     f"{version}_s": round(statistics.median(by[version]), 3),
+                     "ratio": round(statistics.median(a / b for a, b in zip(by["main"], by[version])), 3),
+                     "rounds": {k: [round(x, 3) for x in v] for k, v in by.items()}}
+    return out
+
+
 CONNTRACK_PROBE = """
 import json, sys, time
 from cni_reaper.reap import conntrack
@@ -591,6 +644,9 @@ def main() -> int:
     ap.add_argument("--flavours", default=",".join(FLAVOURS))
     ap.add_argument("--nomad-way-max", type=int, default=1000, help="largest scale measured the per-rule way")
     ap.add_argument("--quick", action="store_true", help="7 pairs, scales 10,100, per-rule way up to 100")
+    ap.add_argument("--against", default="0.2.0", help="the release whose 1,000-attachment sweeps main is held to, "
+                    "in the same run ('' for none)")
+    ap.add_argument("--against-rounds", type=int, default=3)
     args = ap.parse_args()
     if args.quick:
         args.pairs, args.scales, args.nomad_way_max = 7, "10,100", 100
@@ -614,9 +670,17 @@ def main() -> int:
             results["sweeps"].append(bench_sweep(flavour, n, driver, n <= args.nomad_way_max))
     print(f"sweep: {max(scales)} dead attachments in the native nftables tables ...", flush=True)
     results["sweeps"].append(bench_native_sweep(max(scales), driver))
+    if args.against:
+        print(f"sweeps of {max(scales)} by main and by {args.against}, interleaved ...", flush=True)
+        results["against"] = {"version": args.against,
+                              "sweeps": bench_against(args.against, [*flavours, "native"], max(scales),
+                                                      args.against_rounds)}
     print(f"conntrack: {max(scales)} dead IPs ...", flush=True)
     results["conntrack"] = bench_conntrack(max(scales))
     results["targets"] = {f"{name} [{f}]": check(results, f) for name, check in TARGETS for f in flavours}
+    for kind, a in results.get("against", {}).get("sweeps", {}).items():
+        results["targets"][f"1,000-attachment sweeps no slower than {args.against} in the same run [{kind}]"] = \
+            a["ratio"] <= 1.0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
@@ -651,6 +715,12 @@ def report(r: dict) -> None:
     for s in r["sweeps"]:
         print(f"  {s['kind']:<18} {s['attachments']:>5} {s['rules']:>6} {s['seconds']:>8.3f} {s['per_attachment_ms']:>7.2f} "
               f"{s['peak_rss_mib']:>5.1f} {s.get('nomad_way_seconds', float('nan')):>15.2f} {s.get('speedup', float('nan')):>8.1f}")
+    if "against" in r:
+        v = r["against"]["version"]
+        print(f"\n== sweeps of 1,000 dead attachments, main and {v} in the same run (interleaved, medians)")
+        for kind, a in r["against"]["sweeps"].items():
+            print(f"  {kind:<8} main {a['main_s']:.3f} s, {v} {a[v + '_s']:.3f} s, main / {v} {a['ratio']:.2f}   "
+                  f"(rounds: {a['rounds']})")
     c = r["conntrack"]
     print(f"\n== conntrack: {c['entries_cleared']} entries of {c['dead_ips']} dead IPs cleared in {c['seconds']} s "
           f"({c['entries_before']} entries in the table)")

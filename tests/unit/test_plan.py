@@ -236,3 +236,53 @@ def test_the_fast_split_of_a_saved_rule_reads_as_the_reference_reader(spec):
     from cni_reaper.reap.netfilter.iptables.rules import _split_slow, split
 
     assert split(spec) == _split_slow(spec)
+
+
+def _nft_stand_in(tmp_path, script: str):
+    """An `nft` program (sh) for the branches the real one cannot be made to take; it logs its arguments."""
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+
+    exe = tmp_path / "nft"
+    exe.write_text(f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls"\n{script}\n')
+    exe.chmod(0o755)
+    return NftBackend(str(exe)), tmp_path / "calls"
+
+
+def test_native_tables_are_listed_at_once_and_a_missing_one_is_absent_not_a_failure(tmp_path):
+    """`nft list tables` fetches every rule of the host: it is asked only when a listing failed otherwise
+    than as a missing table does; a table that is there and cannot be listed fails the read (nothing of the
+    native tables is removed then)."""
+    import pytest
+
+    from cni_reaper.reap.netfilter.interface import BackendError
+
+    missing = "echo 'Error: No such file or directory' >&2; exit 1"
+    backend, calls = _nft_stand_in(tmp_path, missing)
+    assert backend.read() == []
+    assert "list tables" not in calls.read_text() and calls.read_text().count("list table ") == 3
+
+    refused = ('case "$*" in *"list tables"*) echo \'{"nftables": [{"table": {"family": "ip", "name": "cni_hostport"}}]}\'; '
+               "exit 0;; esac\necho 'Error: Operation not permitted' >&2; exit 1")
+    (tmp_path / "refused").mkdir()
+    backend, calls = _nft_stand_in(tmp_path / "refused", refused)
+    with pytest.raises(BackendError, match="not permitted"):
+        backend.read()
+    assert "list tables" in calls.read_text()
+
+    elsewhere = ('case "$*" in *"list tables"*) echo \'{"nftables": []}\'; exit 0;; esac\n'
+                 "echo 'Error: Operation not permitted' >&2; exit 1")
+    (tmp_path / "elsewhere").mkdir()
+    backend, calls = _nft_stand_in(tmp_path / "elsewhere", elsewhere)
+    assert backend.read() == []  # not there: nothing to read, whatever the listing said
+
+
+def test_iptables_nft_chains_are_removed_in_one_nft_script_when_their_names_are_plain():
+    from cni_reaper.reap.netfilter.iptables.restore import _nft_name, chain_script
+    from cni_reaper.reap.netfilter.iptables.rules import Op
+
+    ops = [Op(kind="chain", table="nat", chain="CNI-DN-0123abcd", spec="", owner=("n", "c"), what="dnat chain", index=0,
+              part="dnat")]
+    assert chain_script(6, ops) == "flush chain ip6 nat CNI-DN-0123abcd\ndelete chain ip6 nat CNI-DN-0123abcd\n"
+    assert _nft_name("CNI-0123456789abcdef01234567") and _nft_name("nat")
+    for odd in ("", "x" * 29, "1CNI", "CNI;flush", "CNI x", 'CNI"', "CNI-é", "-CNI"):
+        assert not _nft_name(odd), odd

@@ -570,7 +570,7 @@ def test_the_quick_judgement_of_the_index_says_what_the_full_one_says(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["second-part-cut", "second-part-short", "ints-not-ints", "paths-not-paths",
-                                    "first-part-not-json"])
+                                    "first-part-not-json", "digest-off", "digest-and-ints-off"])
 def test_an_index_damaged_behind_its_checksum_fails_no_verb_and_removes_nothing(tmp_path, damage, request):
     """`.index` is trusted as cni-reaper wrote it once its checksum holds (no per-field checks: they cost every
     call). Damaged behind a right checksum all the same (a writer of another build), with its names and inodes
@@ -607,7 +607,12 @@ def test_an_index_damaged_behind_its_checksum_fails_no_verb_and_removes_nothing(
     elif damage == "second-part-short":
         cold = json.dumps(json.loads(cold)[:-1]).encode()
     elif damage == "ints-not-ints":
-        hot["quick"][0][4] = [str(x) for x in hot["quick"][0][4]]
+        hot["quick"][0][4] = [int(x) for x in hot["quick"][0][4].split(",")]  # as v6 held them
+    elif damage == "digest-off":  # the triples compared one by one: all live all the same
+        hot["quick"][0][5] += 1
+    elif damage == "digest-and-ints-off":  # neither as written: judged in full
+        hot["quick"][0][4] = "1," + hot["quick"][0][4]
+        hot["quick"][0][5] += 1
     elif damage == "paths-not-paths":
         hot["quick"][0][3] = [7 for _ in hot["quick"][0][3]]
     first = b"{" if damage == "first-part-not-json" else json.dumps(hot).encode()

@@ -72,7 +72,7 @@ def _hot(**kw) -> bytes:
 
 
 _ENTRY: list = [1, "n", "c", "eth0", "/p", [1, 2, 3], 0, 0, ["v", 1], None, None, False, False, [], None, False]
-_QUICK = [["b", "m", 1, 1], 0, 1, ["/p"], [1, 2, 3]]
+_QUICK = [["b", "m", 1, 1], 0, 1, ["/p"], "1,2,3", hash((1, 2, 3))]
 INDEXES = [None, b"", b"{}", b'{"version": 4, "entries": {"r-x.json": [1]}}', b"\x00" * 10,  # older and junk
            MAGIC, MAGIC + b"\0\0", MAGIC + b"\0" * 12 + b"{}", _sealed(b"\xff" * 9), _sealed(b"{"),  # cut, damaged
            _sealed(b"[1]"), _sealed(_hot(), length=1 << 30),  # a first part longer than the file
@@ -85,10 +85,15 @@ INDEXES = [None, b"", b"{}", b'{"version": 4, "entries": {"r-x.json": [1]}}', b"
            _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK]), json.dumps([_ENTRY]).encode()),  # no such record
            _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK]), b"[[1,"),  # its second part cut
            _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK]), b"[]"),  # its second part short
-           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b"], 0, 1, ["/p"], [1, 2, 3]]])),  # not a host
-           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b", "m", 1, 1], 0, 5, ["/p"], [1, 2, 3]]])),
-           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b", "m", 1, 1], 0, 1, [7], [1, "2", None]]]),
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b"], 0, 1, ["/p"], "1,2,3", 1]])),  # not a host
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b", "m", 1, 1], 0, 5, ["/p"], "1,2,3", 1]])),
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b", "m", 1, 1], 0, 1, [7], "1,x,", None]]),
                    json.dumps([_ENTRY]).encode()),
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b", "m", 1, 1], 0, 1, [7], "1,x,", 5]]),
+                   json.dumps([_ENTRY]).encode()),  # digest and triples not as written
+           _sealed(_hot(names=["r-x.json"], inos=[1], quick=[[["b", "m", 1, 1], 0, 1, ["/p"], [1, 2, 3]]])),  # v6's
+           _sealed(_hot(names=[".lock"], inos=[1], raw=[_ENTRY])),  # another file of the directory as a record
+           _sealed(_hot(names=["r-x.json\nr-y.json"], inos=[1], raw=[_ENTRY])),
            _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK, _QUICK])),  # groups overlap
            _sealed(b"(" + (2**31 - 1).to_bytes(4, "little")),  # what made marshal allocate 16 GB (red team)
            _sealed(b"[" * 100000), _sealed(_hot(), b"[" * 100000)]
@@ -231,3 +236,22 @@ def test_prev_result_is_recorded_with_at_most_the_limit_of_addresses(tmp_path):
     assert invoke("ADD", conf(state, prev=prev), cid="wide")[0] == 0
     [p] = state.glob("r-*.json")
     assert len(json.loads(p.read_text())["current"]["ips"]) == rec.MAX_IPS
+
+
+_NAMEISH = st.lists(st.sampled_from(["r", "-", ".", "json", "\n", "a", "0", ".corrupt", ".lock"]), max_size=8).map("".join)
+
+
+@given(st.lists(st.one_of(_NAMEISH, st.builds(lambda s: f"r-{s}.json", _NAMEISH)), max_size=6))
+@settings(max_examples=3000, deadline=None)
+@example(["ar-x.json"])
+@example(["r-x.json", "r-x.jsonx"])
+@example(["r-a\nr-b.json", "r-c.json"])
+def test_names_are_told_record_names_in_c_as_one_by_one(names):
+    """all_record_names (a join and three counts) says what is_record_name says of each (and no newline in
+    any: no record's name holds one); others_in with the index's names finds what it finds without them."""
+    from cni_reaper.state.names import all_record_names, is_record_name, others_in
+
+    assert all_record_names(names) == all(is_record_name(n) and "\n" not in n for n in names)
+    found = {n: i for i, n in enumerate(names)}
+    known = {n: i for n, i in found.items() if is_record_name(n)}
+    assert sorted(others_in(found, known)) == sorted(others_in(found)) == sorted(n for n in found if n not in known)

@@ -186,9 +186,9 @@ def live_at_path(quick: QuickView, view: View) -> set[str]:
         return set()
     flat, groups, changed = quick
     live: set[str] = set()
-    for host, names, paths, ints in flat:
+    for host, names, paths, ints, digest in flat:
         if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
-            live.update(probes.holding_flat(names, paths, ints))
+            live.update(probes.holding_group(names, paths, ints, digest))
     if changed:
         live -= changed  # what they hold now is in `groups`, or they are judged in full
     for host, group in groups.items():

@@ -119,6 +119,34 @@ def holding(group: dict[str, tuple[str, tuple[int, int, int]]]) -> list[str]:
                         [x for _, ident in group.values() for x in ident])
 
 
+def holding_group(names: list[str], paths: list[str], ints: str, digest: int) -> list[str]:
+    """`holding` on a group of the index's first part: the names, their netns paths, and the (dev, ino, ctime)
+    triples recorded (decimals joined by commas) with their digest (index.digest). What is seen is compared
+    by its digest first (a group all alive, a thousand lstats and one hash); when it differs, one by one."""
+    lstat = os.lstat
+    seen: list[Any] = []
+    add = seen.extend
+    for path in paths:
+        try:
+            st = lstat(path)
+        except (OSError, ValueError, TypeError):
+            add(_UNSEEN)
+            continue
+        add((st.st_dev, st.st_ino, st.st_ctime_ns))
+    if hash(tuple(seen)) == digest:
+        return names
+    try:
+        want = [int(x) for x in ints.split(",")] if ints else []
+    except ValueError:  # not as written: judged in full
+        return []
+    if len(want) != len(seen):
+        return []
+    return [n for k, n in enumerate(names) if seen[3 * k:3 * k + 3] == want[3 * k:3 * k + 3]]
+
+
+_UNSEEN = (None, None, None)
+
+
 def holding_flat(names: list[str], paths: list[str], ints: list[int]) -> list[str]:
     """`holding` on flat lists as the index holds them: the names, their netns paths, and (dev, ino, ctime)
     of each one's namespace one after another."""

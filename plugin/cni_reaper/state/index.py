@@ -11,9 +11,11 @@ records, with a log line. Every save and removal under the lock keeps it current
 length of its first part, then two JSON documents (parsed by the C scanner, linear in its size whatever it
 holds: `marshal` was faster, but a few crafted bytes make it allocate gigabytes). The first, read by every
 call, holds what nothing stale takes: the record files' names and inodes, and the entries the quick
-judgement can judge as flat lists by host (their netns paths, their namespaces' dev, ino and ctime), every
-other entry whole; the second, read only when one of those quick entries must be read in full (it was not
-seen live, or the index is written whole), holds their fields. Entries are compact lists into tables of the
+judgement can judge as flat lists by host (their netns paths; their namespaces' dev, ino and ctime as
+one string of decimals, and the digest of them all that the judgement compares with what it sees: 3,000
+integers are a third of the JSON scanner's time), every other entry whole; the second, read only when
+one of those quick entries must be read in full (it was not seen live, or the index is written whole),
+holds their fields. Entries are compact lists into tables of the
 hosts and netns directories, made an Entry only when asked for (unchecked: the CRC says the file is whole,
 as cni-reaper wrote it; an entry that still cannot be made removes the file, and the next call makes it
 anew). Only cni-reaper writes there (the directory is root's, 0700).
@@ -28,18 +30,19 @@ if TYPE_CHECKING:
     from cni_reaper.state.safedir import SafeDir
 
     # what the quick judgement reads (Index.quick_view): the flat lists as read, by host (host, names, netns
-    # paths, dev/ino/ctime triples); the entries saved since, by host ({name: (netns path, (dev, ino, ctime))});
-    # the names whose flat lists are void
-    QuickView = tuple[list[tuple[tuple, list[str], list[str], list[int]]], dict[tuple, dict[str, tuple]], set[str]]
+    # paths, dev/ino/ctime triples as decimals joined by commas, their digest); the entries saved since, by
+    # host ({name: (netns path, (dev, ino, ctime))}); the names whose flat lists are void
+    QuickView = tuple[list[tuple[tuple, list[str], list[str], str, int]], dict[tuple, dict[str, tuple]], set[str]]
 
 from cni_reaper import jsonio, log
+from cni_reaper.state.names import all_record_names, is_record_name, others_in
 from cni_reaper.state.record import parse_time
 
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
 JOURNAL_MAX = 64  # lines, before the index is written whole again
-VERSION = 6
-MAGIC = b"cni-reaper index 6\n"
+VERSION = 7
+MAGIC = b"cni-reaper index 7\n"
 HEAD = len(MAGIC) + 12  # the magic line, the length of the first part, the CRC-32 of each part
 MAX_BYTES = 64 << 20
 
@@ -101,13 +104,21 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
     for h, members in groups.items():
         start = len(names)
         names += members
-        quick.append([hosts[h], start, len(names), [body[n][4] for n in members],
-                      [x for n in members for x in body[n][5]]])
+        ints = [x for n in members for x in body[n][5]]
+        quick.append([hosts[h], start, len(names), [body[n][4] for n in members], ",".join(map(str, ints)),
+                      digest(ints)])
     cold = [body[n] for n in names]
     names += others
     hot = {"names": names, "inos": [body[n][0] for n in names], "quick": quick, "raw": [body[n] for n in others],
            "hosts": hosts, "dirs": dirs}
     return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
+
+
+def digest(ints: list[int]) -> int:
+    """What the quick judgement compares a group's dev/ino/ctime triples by, all at once: Python's hash of
+    them as one tuple (ints and tuples of ints hash alike in every process and build of CPython 3.8 and later;
+    another build's differing hash only sends the group to the comparison one by one)."""
+    return hash(tuple(ints))
 
 
 def seal(first: bytes, second: bytes) -> bytes:
@@ -165,22 +176,25 @@ def decode_all(data: bytes) -> tuple[dict[str, list[Any]], list[Any], list[Any]]
     return dict(zip(names, quick + hot["raw"])), hot["hosts"], hot["dirs"]
 
 
-def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tuple[tuple, int, int, list[str], list[int]]],
+def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tuple[tuple, int, int, list[str], str, int]],
                                               dict[str, list[Any]]]:
     """(name -> inode, the names, the quick entries' flat lists by host, the other entries' compact lists) of
     the first part of `.index`, its shape checked (ValueError, TypeError, IndexError when it is not one)."""
     names, inos, raw = hot["names"], hot["inos"], hot["raw"]
-    by_name = dict(zip(names, inos))  # names and inodes of another type never equal the directory's (Index.load)
+    by_name = dict(zip(names, inos))  # inodes of another type never equal the directory's (Index.load)
     if len(by_name) != len(names) or len(inos) != len(names):
         raise ValueError("a name twice, or a name without an inode")
+    if not all_record_names(names):  # what Index.load takes for the directory's other files depends on it
+        raise ValueError("a name that is no record file's")
     flat, at = [], 0
     for group in hot["quick"]:
-        host, start, end, paths, ints = group
+        host, start, end, paths, ints, dig = group
         host = tuple(host)
         if (start != at or type(end) is not int or end < start or len(host) != 4 or type(host[0]) is not str
-                or type(host[1]) is not str or len(paths) != end - start or len(ints) != 3 * (end - start)):
+                or type(host[1]) is not str or len(paths) != end - start or type(ints) is not str
+                or type(dig) is not int):
             raise ValueError("a group of quick entries is not one")
-        flat.append((host, start, end, paths, ints))
+        flat.append((host, start, end, paths, ints, dig))
         at = end
     if at + len(raw) != len(names):
         raise ValueError("the entries do not match the names")
@@ -293,11 +307,12 @@ class Index:
         # by host (host, start, end, netns paths, dev/ino/ctime triples), the quick entries' compact lists
         # (its second part, parsed when one is asked for), the names changed since (whose flat lists are void)
         self._names: list[str] = []
-        self._flat: list[tuple[tuple, int, int, list[str], list[int]]] = []
+        self._flat: list[tuple[tuple, int, int, list[str], str, int]] = []
         self._cold: bytes | None = None
         self._changed: set[str] = set()
         self._journal_lines = 0
         self._pending: list[bytes] = []  # journal lines of a batch of removals, written at flush()
+        self.others: list[str] | None = None  # load(): the directory's names that are no record files
 
     @property
     def entries(self) -> dict[str, Entry]:
@@ -316,10 +331,11 @@ class Index:
         return {n: e for n, e in made.items() if n not in names}
 
     def quick_view(self) -> QuickView:
-        """(the flat lists as read, by host: (host, names, netns paths, dev/ino/ctime triples); the entries
-        saved since, by host: {name: (netns path, (dev, ino, ctime))}; the names whose flat lists are void)."""
+        """(the flat lists as read, by host: (host, names, netns paths, dev/ino/ctime triples as written, their
+        digest); the entries saved since, by host: {name: (netns path, (dev, ino, ctime))}; the names whose
+        flat lists are void)."""
         names = self._names
-        return [(h, names[a:b], p, i) for h, a, b, p, i in self._flat], self.quick, self._changed
+        return [(h, names[a:b], p, i, d) for h, a, b, p, i, d in self._flat], self.quick, self._changed
 
     def _make(self, names: list[str]) -> None:
         for n in names:
@@ -359,9 +375,14 @@ class Index:
         self._names, self._flat, self._cold, self._changed = [], [], None, set()
 
     def load(self, found: dict[str, int]) -> bool:
-        """Take the index on disk if it agrees with `found` (record file name -> inode); False when it must be
-        made anew (then the caller rebuilds it from the records)."""
-        if not self._read() or self.inos != found:
+        """Take the index on disk if it agrees with `found` (the directory's entries: name -> inode); False when
+        it must be made anew (then the caller rebuilds it from the records). `others` is then the names of
+        `found` that are no record files, when the index could be read (None otherwise)."""
+        if not self._read():
+            self._reset()
+            return False
+        self.others = others_in(found, self.inos)
+        if len(found) - len(self.others) != len(self.inos) or not self.inos.items() <= found.items():
             self._reset()
             return False
         if self._journal_lines > JOURNAL_MAX:
@@ -390,7 +411,7 @@ class Index:
                 raise ValueError("a journal line is not one change")
             for name, v in changes:
                 e = None if v is None else Entry.of_list(v)
-                if (v is not None and e is None) or not isinstance(name, str):
+                if (v is not None and e is None) or not isinstance(name, str) or not is_record_name(name):
                     log.warn("index journal line unusable; index made anew from the records", record=str(name)[:80])
                     return False
                 self.put(name, e)

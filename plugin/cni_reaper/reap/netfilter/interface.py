@@ -23,5 +23,5 @@ class Backend(Protocol):
         """The nat and filter tables of one family (4 or 6)."""
 
     def apply(self, family: int, ops: list[Op]) -> None:
-        """Apply the operations, one transaction per table; raise BackendError if a transaction failed
-        (then nothing of that table's transaction was applied)."""
+        """Apply the operations, one transaction per table (iptables-nft: the rules, then the chains); raise
+        BackendError if a transaction failed (then nothing of it was applied: what is left is read again)."""

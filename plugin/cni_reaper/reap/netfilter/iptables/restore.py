@@ -1,6 +1,7 @@
 """Backend over iptables-{nft,legacy}-save and -restore: read the tables as text, delete with one
 `restore --noflush` run per family, holding one transaction (`*table` ... `COMMIT`) per table, the deletions
-written from the saved rule text by `restore_text`.
+written from the saved rule text by `restore_text`; with iptables-nft, the dead chains (once nothing jumps to
+them) in one `nft` transaction after it (`apply`).
 
 For legacy, restore takes the xtables lock itself (`-w`), so a concurrent writer's rules are not lost.
 """
@@ -59,8 +60,24 @@ class SaveRestoreBackend:
         return tables
 
     def apply(self, family: int, ops: list[Op]) -> None:
-        if ops:
+        """With iptables-nft and an `nft` binary, the rules go in one restore transaction per table and the
+        chains then in one `nft` transaction (iptables-nft-restore's `-F` costs 0.13 ms a chain, 2,000 chains
+        0.27 s, `nft`'s flush and delete 0.06 s); chains nothing jumps to any more are harmless meanwhile, and
+        what a failed second transaction leaves is removed with `-F`/`-X`, or left to the next read."""
+        if not ops:
+            return
+        chains = [op for op in ops if op.kind == "chain"]
+        nft = flavours.which("nft") if chains and self.flavour == "nft" else None
+        if nft is None or not all(_nft_name(op.table) and _nft_name(op.chain) for op in chains):
             self.restore(family, restore_text(ops))
+            return
+        rules = [op for op in ops if op.kind == "rule"]
+        if rules:
+            self.restore(family, restore_text(rules))
+        try:
+            self._run([nft, "-f", "-"], chain_script(family, chains))
+        except BackendError:
+            self.restore(family, restore_text(chains))
 
     def restore(self, family: int, text: str) -> None:
         """One `restore --noflush` run of `text` (a transaction per table; legacy under the xtables lock)."""
@@ -68,6 +85,20 @@ class SaveRestoreBackend:
         if self.flavour == "legacy":
             argv += ["-w", LOCK_WAIT_SECONDS]
         self._run(argv, text)
+
+
+def _nft_name(name: str) -> bool:
+    """A table or chain name `nft` reads as written (iptables' are at most 28 characters)."""
+    return 0 < len(name) <= 28 and name[0].isascii() and name[0].isalpha() and all(
+        c.isascii() and (c.isalnum() or c in "-_.") for c in name)
+
+
+def chain_script(family: int, chains: list[Op]) -> str:
+    """The `nft -f` input that removes these iptables-nft chains in one transaction: each flushed and deleted
+    (a chain something still jumps to fails it all)."""
+    fam = "ip6" if family == 6 else "ip"
+    return "".join(f"flush chain {fam} {op.table} {op.chain}\ndelete chain {fam} {op.table} {op.chain}\n"
+                   for op in chains)
 
 
 def restore_text(ops: list[Op]) -> str:
