@@ -286,3 +286,13 @@ def test_iptables_nft_chains_are_removed_in_one_nft_script_when_their_names_are_
     assert _nft_name("CNI-0123456789abcdef01234567") and _nft_name("nat")
     for odd in ("", "x" * 29, "1CNI", "CNI;flush", "CNI x", 'CNI"', "CNI-é", "-CNI"):
         assert not _nft_name(odd), odd
+
+
+def test_native_tables_are_listed_side_by_side(tmp_path):
+    """The three listings run at once (the host-port table's takes the longest): each stand-in waits until
+    all three have started, which only listings run side by side can do."""
+    script = (f'touch "{tmp_path}/started.$$"\nn=0\nwhile [ "$(ls "{tmp_path}" | grep -c started)" -lt 3 ]; do\n'
+              '  n=$((n+1)); [ $n -gt 200 ] && { echo "Error: alone" >&2; exit 1; }; sleep 0.05\ndone\n'
+              "echo 'Error: No such file or directory' >&2; exit 1")
+    backend, calls = _nft_stand_in(tmp_path, script)
+    assert backend.read() == [] and "list tables" not in calls.read_text()

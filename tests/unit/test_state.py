@@ -650,3 +650,23 @@ def test_an_index_crafted_to_allocate_gigabytes_is_made_anew_at_once(tmp_path):
         assert invoke("ADD", conf(state), cid="new")[0] == 0
         assert time.monotonic() - started < 10  # a hang detector, not a figure
         assert sorted(index_entries(state)) == sorted(p.name for p in state.glob("r-*.json"))
+
+
+def test_an_intent_of_batched_items_reads_as_one_of_the_items_themselves(tmp_path):
+    """The batches' items are made JSON once (what sizes a batch is what its intent writes): the line reads
+    back as the intent of the items would, batch by batch."""
+    from cni_reaper.state.journal import BATCH, NAME, Journal, batches
+    from cni_reaper.state.store import Store
+
+    items = [{"kind": "record", "key": ["n", f"c{i}", "eth0"], "record": {"x": "é\"\\", "n": i}} for i in range(BATCH + 3)]
+    store = Store(str(tmp_path / "s")).open()
+    journal = Journal(store)
+    slices = batches(items)
+    assert [(a, b) for a, b, _ in slices] == [(0, BATCH), (BATCH, BATCH + 3)]
+    for a, b, dumped in slices:
+        journal.intent("STATUS", items[a:b], dumped)
+    journal.intent("STATUS", items[:2])
+    lines = [json.loads(line) for line in (tmp_path / "s" / NAME).read_text().splitlines()]
+    assert [e["items"] for e in lines] == [items[:BATCH], items[BATCH:], items[:2]]
+    assert all(e["t"] == "intent" and e["verb"] == "STATUS" for e in lines)
+    store.close()

@@ -40,10 +40,10 @@ class Settings:
         self.lock_timeout, self.backend_for, self.dry_run = lock_timeout, backend_for, dry_run
         self.journal, self.verb = journal, verb
 
-    def note(self, items: list[dict[str, Any]]) -> str | None:
-        """Journal what is about to be removed, before it is (None: no journal, e.g. a dry run). OSError when
-        it cannot be noted: then it may not be removed."""
-        return self.journal.intent(self.verb, items) if self.journal is not None and items else None
+    def note(self, items: list[dict[str, Any]], dumped: list[str] | None = None) -> str | None:
+        """Journal what is about to be removed, before it is (None: no journal, e.g. a dry run; `dumped`: the
+        items as JSON, from journal.batches). OSError when it cannot be noted: then it may not be removed."""
+        return self.journal.intent(self.verb, items, dumped) if self.journal is not None and items else None
 
     def noted(self, event: str | None, removed: list[int]) -> None:
         if self.journal is not None and event is not None:
@@ -253,9 +253,9 @@ def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, st
     items = [{"kind": "reservation", "key": list(t.key), "dataDir": r.data_dir, "network": r.network, "ip": r.ip,
               "content": r.content, "mode": r.mode} for t, r in due]
     released: list[int] = []
-    for start, end in batches(items):
+    for start, end, dumped in batches(items):
         try:
-            event = settings.note(items[start:end])
+            event = settings.note(items[start:end], dumped)
         except OSError as exc:
             for t, r in due[start:]:
                 outcome.errors.append(f"the journal cannot be written ({exc.strerror}); reservation {r.ip} kept")
@@ -286,10 +286,10 @@ def _forget(targets: list[Target], outcome: Outcome, settings: Settings) -> None
                 jobs += [(t, e) for e in found]
     items = [{"kind": "cache", "key": list(t.key), "cacheDir": t.cache_dir, "entry": e.name, "content": e.text}
              for t, e in jobs]
-    for start, end in batches(items):
+    for start, end, dumped in batches(items):
         batch = jobs[start:end]
         try:
-            event = settings.note(items[start:end])
+            event = settings.note(items[start:end], dumped)
         except OSError:
             failed.update({t.key: t for t, _ in jobs[start:]})
             break

@@ -362,9 +362,9 @@ def _settle_all(store: Store, due: list[tuple[Judged, list[dict[str, Any]]]], jo
 
     items = [{"kind": "record", "key": list(j.key), "record": j.record} for j, _ in due]
     dropped: list[Judged] = []
-    for start, end in batches(items):
+    for start, end, dumped in batches(items):
         try:
-            event = journal.intent(log.field("verb"), items[start:end])
+            event = journal.intent(log.field("verb"), items[start:end], dumped)
         except OSError:
             return dropped  # not noted: the records stay, and so they are looked at again
         for j, kept in due[start:end]:

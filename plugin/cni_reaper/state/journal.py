@@ -36,17 +36,19 @@ BATCH = 256  # items per intent at most, when many go at once (one fsync per int
 BATCH_BYTES = 1 << 20  # and about this many bytes: a record may be large, a line stays far below MAX_BYTES
 
 
-def batches(items: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    """The slices (start, end) of `items` to journal as one intent each."""
+def batches(items: list[dict[str, Any]]) -> list[tuple[int, int, list[str]]]:
+    """The slices (start, end) of `items` to journal as one intent each, with their items as JSON (made once:
+    what sizes the batches is what the intent writes)."""
+    dumped = [jsonio.dumps(item) for item in items]
     out, start, size = [], 0, 0
-    for i, item in enumerate(items):
-        n = len(jsonio.dumps(item))
+    for i, text in enumerate(dumped):
+        n = len(text)
         if i > start and (i - start >= BATCH or size + n > BATCH_BYTES):
-            out.append((start, i))
+            out.append((start, i, dumped[start:i]))
             start, size = i, 0
         size += n
     if start < len(items):
-        out.append((start, len(items)))
+        out.append((start, len(items), dumped[start:]))
     return out
 
 
@@ -61,9 +63,13 @@ class Journal:
         self._n += 1
         return f"{time.time():.6f}-{os.getpid()}-{self._n}"
 
-    def _append(self, event: dict[str, Any]) -> None:
+    def _append(self, event: dict[str, Any], items: list[str] | None = None) -> None:
+        """One line, fsynced; `items`: the event's items as JSON already (batches)."""
         sd = self.store.dir
-        line = jsonio.dumps(event).encode() + b"\n"
+        text = jsonio.dumps(event)
+        if items is not None:
+            text = text[:-1] + ',"items":[' + ",".join(items) + "]}"
+        line = text.encode() + b"\n"
         try:
             st = os.stat(NAME, dir_fd=sd.dfd, follow_symlinks=False)
             if st.st_size + len(line) > MAX_BYTES:
@@ -77,11 +83,14 @@ class Journal:
         finally:
             os.close(fd)
 
-    def intent(self, verb: str, items: list[dict[str, Any]]) -> str:
-        """Note what is about to be removed; returns the intent's id. Raises OSError when it cannot be noted:
-        then nothing may be removed."""
+    def intent(self, verb: str, items: list[dict[str, Any]], dumped: list[str] | None = None) -> str:
+        """Note what is about to be removed (`dumped`: the items as JSON, when batches() made it); returns the
+        intent's id. Raises OSError when it cannot be noted: then nothing may be removed."""
         event_id = self._id()
-        self._append({"t": "intent", "id": event_id, "at": time.time(), "verb": verb, "items": items})
+        if dumped is None:
+            self._append({"t": "intent", "id": event_id, "at": time.time(), "verb": verb, "items": items})
+        else:
+            self._append({"t": "intent", "id": event_id, "at": time.time(), "verb": verb}, dumped)
         return event_id
 
     def done(self, event_id: str, removed: list[int]) -> None:
