@@ -56,12 +56,17 @@ def _dnat_chain(cid):
     return ("CNI-DN-" + hashlib.sha512((NET + cid).encode()).hexdigest())[:28]
 
 
-def test_netns_gone_del_cleans_before_the_real_portmap(wrapped):
+
+def _allocated(wrapped):
+    """The sandbox, the wrapping client with the interposer in place, and one allocation it added."""
     sb = wrapped
     client = Client(sb)
     snap = _interpose(sb, client)
     cid, netns = unique("alloc-"), sb.container()
-    ips = ips_of(client.driver("add", cid, netns, PORTS))
+    return sb, client, snap, cid, netns, ips_of(client.driver("add", cid, netns, PORTS))
+
+def test_netns_gone_del_cleans_before_the_real_portmap(wrapped):
+    sb, client, snap, cid, netns, ips = _allocated(wrapped)
     assert _dnat_chain(cid) in sb.save(table="nat")
     sb.remove_container(netns)
     out = client.driver("del", cid, netns, PORTS)
@@ -72,11 +77,7 @@ def test_netns_gone_del_cleans_before_the_real_portmap(wrapped):
 
 
 def test_a_deferred_del_records_the_cache_entry_and_the_tombstone(wrapped):
-    sb = wrapped
-    client = Client(sb)
-    _interpose(sb, client)
-    cid, netns = unique("alloc-"), sb.container()
-    ips = ips_of(client.driver("add", cid, netns, PORTS))
+    sb, client, _, cid, netns, ips = _allocated(wrapped)
     out = client.driver("del", cid, netns, PORTS)
     assert out.returncode == 0, out.stderr
     rec = sb.record(cid)
@@ -93,11 +94,7 @@ def test_a_deferred_del_records_the_cache_entry_and_the_tombstone(wrapped):
 
 
 def test_the_real_portmap_failing_during_the_deferred_part_is_the_answer(wrapped):
-    sb = wrapped
-    client = Client(sb)
-    _interpose(sb, client)
-    cid, netns = unique("alloc-"), sb.container()
-    ips = ips_of(client.driver("add", cid, netns, PORTS))
+    sb, client, _, cid, netns, ips = _allocated(wrapped)
     (sb.root / "ctl-fail").write_text("1")
     (sb.root / "ctl-sleep").write_text("0.5")
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
