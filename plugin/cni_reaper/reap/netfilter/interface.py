@@ -23,5 +23,6 @@ class Backend(Protocol):
         """The nat and filter tables of one family (4 or 6)."""
 
     def apply(self, family: int, ops: list[Op]) -> None:
-        """Apply the operations, one transaction per table (iptables-nft: the rules, then the chains); raise
-        BackendError if a transaction failed (then nothing of it was applied: what is left is read again)."""
+        """Apply the operations, one transaction per table (iptables-nft: the rules' one, then the chains');
+        raise BackendError if a transaction failed: nothing of that one was applied, an earlier one of the
+        same call may have been (the caller reads again what is left; the journal's intent has no `done`)."""
