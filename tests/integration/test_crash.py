@@ -86,20 +86,6 @@ def test_sigkill_during_a_sweep_then_one_more_call_finishes_it(tmp_path, flavour
 JOURNAL_TRIALS = int(os.environ.get("CNI_REAPER_JOURNAL_CRASH_TRIALS", "12"))
 
 
-def _normalized(sb: Sandbox) -> list[str]:
-    """The tables, chains sorted (a chain made again is listed last by iptables-nft), rules in chain order."""
-    out: list[str] = []
-    for block in sb.tables().split("COMMIT"):
-        lines = block.splitlines()
-        out += sorted(l for l in lines if l.startswith((":", "*")))
-        chains: dict[str, list[str]] = {}
-        for l in lines:
-            if l.startswith("-A "):
-                chains.setdefault(l.split()[1], []).append(l)
-        out += [l for c in sorted(chains) for l in chains[c]]
-    return out
-
-
 def _reservations(sb: Sandbox) -> dict[str, str]:
     return {p.name: p.read_text() for p in (sb.cni_dir / "networks" / NET).glob("172.*")}
 
@@ -151,12 +137,12 @@ def test_sigkill_during_a_clean_up_or_an_undo_leaves_a_journal_that_is_never_wro
             sb.run([str(sb.bin_dir / "iptables-restore"), "--noflush"], input=restore_text(nat, filt), check=True)
             write_reservations(sb.cni_dir / "networks", NET, [(c, ip) for c, ip, _, _ in live + dead])
             write_records(sb, NET, live + dead)
-            before, held = _normalized(sb), _reservations(sb)
+            before, held = sb.normalized_tables(), _reservations(sb)
             proc = status_proc(sb)
             time.sleep(rng.uniform(0, 0.6))
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
-            now, kept = set(_normalized(sb)), _reservations(sb)
+            now, kept = set(sb.normalized_tables()), _reservations(sb)
             lines, ips = _journaled(sb)
             gone = [l for l in before if l.startswith("-A ") and l not in now]
             assert set(gone) <= lines, f"trial {trial}: removed without a journal line: {sorted(set(gone) - lines)[:3]}"
@@ -165,5 +151,5 @@ def test_sigkill_during_a_clean_up_or_an_undo_leaves_a_journal_that_is_never_wro
             assert rc == 0, (out, err)
             _undo_all(sb, dead, kill_after=rng.uniform(0, 0.4) if trial % 2 else None)
             _undo_all(sb, dead)  # what the cut undo left, this one puts back; what it did, this one leaves
-            assert _normalized(sb) == before, f"trial {trial}: undo did not put the tables back"
+            assert sb.normalized_tables() == before, f"trial {trial}: undo did not put the tables back"
             assert _reservations(sb) == held, f"trial {trial}: undo did not put the reservations back"

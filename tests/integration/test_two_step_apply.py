@@ -32,18 +32,15 @@ def stand_in_nft(sb, body: str):
     return fake
 
 
-def normalized(sb) -> list[str]:
-    out = []
-    for block in sb.tables().split("COMMIT"):
-        lines = block.splitlines()
-        out += sorted(l for l in lines if l.startswith((":", "*")))
-        rules: dict[str, list[str]] = {}
-        for l in lines:
-            if l.startswith("-A "):
-                rules.setdefault(l.split()[1], []).append(l)
-        out += [l for chain in sorted(rules) for l in rules[chain]]
-    return out
 
+def _del_without_its_netns(sb, fake, cid, netns, conflist):
+    """The allocation's netns goes, then the runtime's DEL, with the stand-in nft in place (removed after)."""
+    try:
+        sb.remove_container(netns)
+        proc = sb.driver("del", cid, netns, PORTS, conflist)
+    finally:
+        fake.unlink()
+    assert proc.returncode == 0, proc.stderr
 
 def test_nft_that_commits_then_fails_leaves_nothing_and_undo_puts_it_back(sb):
     """nft applies the chain transaction and then exits 1 (killed after the commit, say): restore's -F/-X
@@ -52,21 +49,16 @@ def test_nft_that_commits_then_fails_leaves_nothing_and_undo_puts_it_back(sb):
     conflist = sb.conflist()
     cid, netns = unique("alloc-"), sb.container()
     ips = ips_of(sb.driver("add", cid, netns, PORTS, conflist))
-    before = normalized(sb)
+    before = sb.normalized_tables()
     calls = sb.root / "nft-calls"
     fake = stand_in_nft(sb, f'echo "$@" >> "{calls}"; /usr/sbin/nft "$@" < "$t"; rc=$?\n'
                             f'if grep -q "delete chain" "$t"; then echo "Error: killed" >&2; exit 1; fi; exit $rc')
-    try:
-        sb.remove_container(netns)
-        proc = sb.driver("del", cid, netns, PORTS, conflist)
-    finally:
-        fake.unlink()
-    assert proc.returncode == 0, proc.stderr
+    _del_without_its_netns(sb, fake, cid, netns, conflist)
     assert "-f -" in calls.read_text()
     assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None
     out = cli(sb, "undo", cid)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert normalized(sb) == before, out.stdout
+    assert sb.normalized_tables() == before, out.stdout
 
 
 def _foreign_jump_between_the_two_transactions(sb):
@@ -82,12 +74,7 @@ def _foreign_jump_between_the_two_transactions(sb):
         f'if [ -n "$c" ] && [ ! -e "{marker}" ]; then echo "$c" > "{marker}"; '
         f'"{ipt}" -t nat -A POSTROUTING -s 203.0.113.7/32 -j "$c" -m comment --comment foreign; fi\n'
         f'exec /usr/sbin/nft "$@" < "$t"'))
-    try:
-        sb.remove_container(netns)
-        proc = sb.driver("del", cid, netns, PORTS, conflist)
-    finally:
-        fake.unlink()
-    assert proc.returncode == 0, proc.stderr
+    _del_without_its_netns(sb, fake, cid, netns, conflist)
     assert marker.exists(), "the chain transaction never ran through nft"
     return cid, ips, marker.read_text().strip()
 
@@ -123,7 +110,7 @@ def test_dual_stack_chains_go_through_nft_as_ip6_and_undo_puts_them_back(sb):
     assert any(":" in ip for ip in ips), ips
     other, other_ns = unique("alloc-"), sb.container()  # a live neighbour, left as it is
     other_ips = ips_of(sb.driver("add", other, other_ns, ("8081:80/tcp",), conflist))
-    before = normalized(sb)
+    before = sb.normalized_tables()
     other_before = sorted(sb.residue(NET, other, other_ips))
     calls = sb.root / "nft-calls"
     fake = stand_in_nft(sb, f'cat "$t" >> "{calls}"; exec /usr/sbin/nft "$@" < "$t"')
@@ -139,4 +126,4 @@ def test_dual_stack_chains_go_through_nft_as_ip6_and_undo_puts_them_back(sb):
     assert sorted(sb.residue(NET, other, other_ips)) == other_before
     out = cli(sb, "undo", cid)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert normalized(sb) == before, out.stdout
+    assert sb.normalized_tables() == before, out.stdout

@@ -21,21 +21,6 @@ def cli(sb, *args):
     return sb.run([str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(sb.root / "none")])
 
 
-def normalized(sb) -> list[str]:
-    """The tables: per table its chains (sorted: iptables-nft lists a chain made again after the others) and
-    every rule in its chain's order."""
-    out = []
-    for block in sb.tables().split("COMMIT"):
-        lines = block.splitlines()
-        out += sorted(l for l in lines if l.startswith((":", "*")))
-        rules: dict[str, list[str]] = {}
-        for l in lines:
-            if l.startswith("-A "):
-                rules.setdefault(l.split()[1], []).append(l)
-        out += [l for chain in sorted(rules) for l in rules[chain]]
-    return out
-
-
 def native(sb) -> list[str]:
     return sorted(re.sub(r" # handle \d+", "", l) for l in sb.native_rules())
 
@@ -49,7 +34,7 @@ def reservations(sb) -> dict[str, str]:
 
 
 def state(sb) -> tuple:
-    return normalized(sb), native(sb), reservations(sb)
+    return sb.normalized_tables(), native(sb), reservations(sb)
 
 
 def kill_and_clean(sb, how: str, conflist, cid: str, netns: str, live: str) -> tuple[str, list[str]] | None:

@@ -357,6 +357,20 @@ class Sandbox:
         text = self.run(["sh", "-c", four], check=True).stdout  # one process in the sandbox, not four
         return "\n".join(re.sub(r" \[\d+:\d+\]$", "", l) for l in text.splitlines() if not l.startswith("#"))
 
+    def normalized_tables(self) -> list[str]:
+        """tables(), its chains sorted (iptables-nft lists a chain made again after the others) and every rule
+        in its chain's order: what undo is judged on."""
+        out: list[str] = []
+        for block in self.tables().split("COMMIT"):
+            lines = block.splitlines()
+            out += sorted(line for line in lines if line.startswith((":", "*")))
+            rules: dict[str, list[str]] = {}
+            for line in lines:
+                if line.startswith("-A "):
+                    rules.setdefault(line.split()[1], []).append(line)
+            out += [line for chain in sorted(rules) for line in rules[chain]]
+        return out
+
     def reservations(self, network: str) -> dict[str, str]:
         """host-local's reservations of `network` (IP -> container ID), in whichever dataDir under the
         sandbox's /var/lib/cni the conflist names (networks/ by default, services/ in custom-network)."""
