@@ -3,14 +3,15 @@ reference plugins write (README, "What a dead attachment leaves") plus look-alik
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cni_reaper.reap.netfilter import chains
-from cni_reaper.reap.netfilter.iptables.plan import plan, tagged_networks
+from cni_reaper.reap.netfilter.iptables.plan import parse_tag, plan, tagged_networks
 from cni_reaper.reap.netfilter.iptables.restore import restore_text
 from cni_reaper.reap.netfilter.iptables.rules import parse_rule, parse_save
-from cni_reaper.reap.targets import Target
+from cni_reaper.reap.targets import Expect, Target
 from testkit.fake_backend import apply_ops
 
 N, X, Y = "nomad", "3e803d29-4f9d-ad8b-adb6-31456a39db69", "9b1c5a77-0d2e-4c1f-8a3b-6f2e1d0c9a88"
@@ -296,3 +297,29 @@ def test_native_tables_are_listed_side_by_side(tmp_path):
               "echo 'Error: No such file or directory' >&2; exit 1")
     backend, calls = _nft_stand_in(tmp_path, script)
     assert backend.read() == [] and "list tables" not in calls.read_text()
+
+
+# -- the plugins' tag, cut by hand (no `re` on a clean-up's path) ------------------------------------------
+_TAG_PIECES = st.sampled_from(['name: "', '" id: "', '"', "dnat ", "snat ", "x", " ", "nomad", "\\", "a1"])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_TAG_PIECES, max_size=8).map("".join) | st.text(max_size=30))
+@example('name: "nomad" id: "a1"')
+@example('dnat name: "n" id: ""')
+@example('snat name: "" id: "x" id: "y"')
+@example('name: "')
+def test_the_tag_is_read_as_the_plugins_pattern_reads_it(comment):
+    import re
+
+    m = re.fullmatch(r'(?:(dnat|snat) )?name: "([^"]*)" id: "([^"]*)"', comment)
+    assert parse_tag(comment) == (m.groups() if m else None)
+
+
+def test_value_classes_compare_and_copy_as_dataclasses_did():
+    a = Target("n", "c", "eth0", frozenset({"10.0.0.2"}), True, expect={"10.0.0.2": Expect("/d", ("c", "eth0"))})
+    b = Target("n", "c", "eth0", frozenset({"10.0.0.2"}), True)
+    assert a == b and hash(a) == hash(b) and a != b.replace(whole=False)  # `expect` is not compared
+    assert a.narrowed(frozenset(), False).whole is False and a.whole is True
+    with pytest.raises(TypeError):
+        a.replace(nothing=1)

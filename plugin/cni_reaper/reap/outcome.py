@@ -4,24 +4,25 @@ on purpose and why, the backends used, and counts by kind for the metrics."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 Key = tuple[str, str, str]  # (network, container ID, ifname)
 
 
-@dataclass
 class Outcome:
-    removed: dict[Key, list[str]] = field(default_factory=dict)
-    failed: set[Key] = field(default_factory=set)  # something could not be removed: the record is kept
-    unverified: set[Key] = field(default_factory=set)  # a leftover could not be looked at: the record is kept
-    skipped: list[str] = field(default_factory=list)  # what was left on purpose, and why
-    errors: list[str] = field(default_factory=list)
-    backends: dict[int, str] = field(default_factory=dict)  # family -> backend name
-    counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (network, kind) -> items removed
-    unknown: dict[str, int] = field(default_factory=dict)  # why something could not be judged -> how many
-    would: dict[Key, list[str]] = field(default_factory=dict)  # observe mode: what would have been removed
-    would_counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    waiting: dict[Key, str] = field(default_factory=dict)  # left for the runtime's DEL or GC, and why (claims)
+    __slots__ = ("backends", "counts", "errors", "failed", "removed", "skipped", "unknown", "unverified", "waiting",
+                 "would", "would_counts")
+
+    def __init__(self) -> None:
+        self.removed: dict[Key, list[str]] = {}
+        self.failed: set[Key] = set()  # something could not be removed: the record is kept
+        self.unverified: set[Key] = set()  # a leftover could not be looked at: the record is kept
+        self.skipped: list[str] = []  # what was left on purpose, and why
+        self.errors: list[str] = []
+        self.backends: dict[int, str] = {}  # family -> backend name
+        self.counts: dict[tuple[str, str], int] = {}  # (network, kind) -> items removed
+        self.unknown: dict[str, int] = {}  # why something could not be judged -> how many
+        self.would: dict[Key, list[str]] = {}  # observe mode: what would have been removed
+        self.would_counts: dict[tuple[str, str], int] = {}
+        self.waiting: dict[Key, str] = {}  # left for the runtime's DEL or GC, and why (claims)
 
     @property
     def backend(self) -> str:

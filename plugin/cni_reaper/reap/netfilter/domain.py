@@ -6,10 +6,16 @@ made from a fresh read)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Protocol
 
-from cni_reaper.reap.netfilter.interface import Backend, BackendError
-from cni_reaper.reap.targets import Target
+    from cni_reaper.reap.netfilter.interface import Backend
+    from cni_reaper.reap.targets import Target
+else:  # plain classes when run: `typing` is not imported by a clean-up (reap/values.py)
+    Protocol = object
+
+from cni_reaper.reap.netfilter.interface import BackendError
 
 # What the metrics count a removal as (state/counters.KINDS), by part (targets.PARTS)
 IPTABLES_KINDS = {"masq": "masquerade", "dnat": "dnat", "forward": "firewall"}

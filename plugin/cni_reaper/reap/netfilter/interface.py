@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
 
-from cni_reaper.reap.netfilter.iptables.rules import Op, Table
+    from cni_reaper.reap.netfilter.iptables.rules import Op, Table
+else:  # a plain class when run: `typing` is not imported by a clean-up (reap/values.py)
+    Protocol = object
 
 
 class BackendError(Exception):

@@ -7,21 +7,20 @@ positions in the text. A rule keeps its exact saved text, from which a deletion 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from cni_reaper.reap.values import Value
 
 
-@dataclass(frozen=True)
-class Rule:
-    # slots (written out: dataclass(slots=True) needs Python 3.10): a sweep of 1,000 attachments parses 11,000
+class Rule(Value):
+    # slotted: a sweep of 1,000 attachments parses 11,000
     __slots__ = ("chain", "comment", "index", "source", "spec", "target", "to_destination", "tokens")
-    chain: str
-    spec: str  # the saved rule after "-A CHAIN ", exactly as iptables-save printed it
-    tokens: tuple[str, ...]
-    source: str | None
-    comment: str | None
-    target: str | None
-    to_destination: str | None
-    index: int  # position in its chain at the time of the save
+
+    def __init__(self, chain: str, spec: str, tokens: tuple[str, ...], source: str | None, comment: str | None,
+                 target: str | None, to_destination: str | None, index: int) -> None:
+        self.chain = chain
+        self.spec = spec  # the saved rule after "-A CHAIN ", exactly as iptables-save printed it
+        self.tokens = tokens
+        self.source, self.comment, self.target, self.to_destination = source, comment, target, to_destination
+        self.index = index  # position in its chain at the time of the save
 
     @property
     def source_ip(self) -> str | None:
@@ -38,19 +37,19 @@ class Rule:
         return dest.split(":")[0] if dest.count(":") == 1 or "." in dest else dest
 
 
-@dataclass(frozen=True)
-class Op:
+class Op(Value):
     """One deletion: a rule (by its saved text, and its position when planned) or a whole chain."""
 
     __slots__ = ("chain", "index", "kind", "owner", "part", "spec", "table", "what")
-    kind: str  # "rule" (delete one rule) or "chain" (flush and delete a chain)
-    table: str
-    chain: str
-    spec: str
-    owner: tuple[str, str]  # (network, container ID) whose leftover this is
-    what: str  # for the log: what it is
-    index: int  # for rules: position in the chain when planned (backends that delete by position check it)
-    part: str  # which plugin's leftover (plan.PARTS: "masq", "dnat", "forward"): what the metrics count it as
+
+    def __init__(self, kind: str, table: str, chain: str, spec: str, owner: tuple[str, str], what: str, index: int,
+                 part: str) -> None:
+        self.kind = kind  # "rule" (delete one rule) or "chain" (flush and delete a chain)
+        self.table, self.chain, self.spec = table, chain, spec
+        self.owner = owner  # (network, container ID) whose leftover this is
+        self.what = what  # for the log: what it is
+        self.index = index  # for rules: position in the chain when planned (backends that delete by position check it)
+        self.part = part  # which plugin's leftover (plan.PARTS: "masq", "dnat", "forward"): what the metrics count
 
 
 def rule_op(table: str, rule: Rule, owner: tuple[str, str], what: str, part: str) -> Op:
@@ -69,12 +68,15 @@ def by_table(ops: list[Op]) -> dict[str, list[Op]]:
     return out
 
 
-@dataclass
-class Table:
-    name: str
-    chains: dict[str, list[Rule]] = field(default_factory=dict)  # chain -> rules in order
-    builtin: set[str] = field(default_factory=set)
-    _by_target: dict[str, list[Rule]] | None = field(default=None, repr=False, compare=False)
+class Table(Value):
+    __slots__ = ("_by_target", "builtin", "chains", "name")
+    _uncompared = ("_by_target",)
+
+    def __init__(self, name: str, chains: dict[str, list[Rule]] | None = None, builtin: set[str] | None = None) -> None:
+        self.name = name
+        self.chains: dict[str, list[Rule]] = {} if chains is None else chains  # chain -> rules in order
+        self.builtin: set[str] = set() if builtin is None else builtin
+        self._by_target: dict[str, list[Rule]] | None = None
 
     def rules(self):
         for rules in self.chains.values():

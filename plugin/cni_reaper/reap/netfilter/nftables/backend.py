@@ -5,11 +5,14 @@ rules: nothing is read there (no `nft` run at all without the binary; a listing 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-from typing import Any
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+from cni_reaper import jsonio
 from cni_reaper.reap.netfilter import flavour
 from cni_reaper.reap.netfilter.interface import BackendError
 from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRule, parse_json, script
@@ -39,10 +42,10 @@ class NftBackend:
         if not self.binary:
             return set()
         try:
-            listed = json.loads(self._run(["-j", "list", "tables"]) or "{}")
+            listed = jsonio.loads(self._run(["-j", "list", "tables"]) or "{}")
             return {(t["table"]["family"], t["table"]["name"]) for t in listed.get("nftables", [])
                     if isinstance(t, dict) and isinstance(t.get("table"), dict)}
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise BackendError(f"nft -j list tables: unreadable output ({exc})") from None
 
     def read(self) -> list[NativeRule]:
@@ -63,8 +66,8 @@ class NftBackend:
                     raise BackendError(f"nft list table {family} {name} exited {code}: {err.strip()[:500]}")
                 continue
             try:
-                rules += parse_json(json.loads(out))
-            except ValueError as exc:
+                rules += parse_json(jsonio.loads(out))
+            except (ValueError, RecursionError) as exc:
                 raise BackendError(f"nft -j list table {family} {name}: unreadable output ({exc})") from None
         return rules
 
@@ -94,7 +97,7 @@ class NftBackend:
     def add(self, rules: list[dict]) -> None:
         """Add rules given as nftables JSON (what `nft -j list` gives, without handles), in one transaction."""
         if rules:
-            self._run(["-j", "-f", "-"], json.dumps({"nftables": [{"add": {"rule": r}} for r in rules]}))
+            self._run(["-j", "-f", "-"], jsonio.dumps({"nftables": [{"add": {"rule": r}} for r in rules]}))
 
     def apply(self, ops: list[NativeOp]) -> None:
         if ops:

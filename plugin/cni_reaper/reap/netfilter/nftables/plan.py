@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from cni_reaper.reap.netfilter.nftables import rules as native
 from cni_reaper.reap.netfilter.nftables.rules import NativeOp, NativeRule
 from cni_reaper.reap.targets import Target
 
 
-@dataclass
 class NativePlan:
-    ops: list[NativeOp] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    __slots__ = ("ops", "skipped")
+
+    def __init__(self) -> None:
+        self.ops: list[NativeOp] = []
+        self.skipped: list[str] = []
 
 
 class _Native:

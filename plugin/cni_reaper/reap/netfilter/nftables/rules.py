@@ -13,8 +13,12 @@ The tables, their hook chains and every rule without such a comment belong to ev
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any
+
+from cni_reaper.reap.values import Value
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MASQ_TABLE = ("inet", "cni_plugins_masquerade")
 MASQ_CHAIN = "masq_checks"
@@ -44,19 +48,18 @@ def masq_owner(comment: str) -> tuple[str, str, str] | None:
     return network, ifname, cid
 
 
-@dataclass(frozen=True)
-class NativeRule:
+class NativeRule(Value):
     __slots__ = ("action", "chain", "comment", "daddr", "dnat_addr", "family", "handle", "raw", "saddr", "table")
-    family: str  # the table's family: inet, ip, ip6
-    table: str
-    chain: str
-    handle: int
-    comment: str | None
-    saddr: str | None  # `ip saddr X` / `ip6 saddr X`
-    daddr: str | None  # `ip daddr X` (an exact address; a prefix or a negation is not kept)
-    dnat_addr: str | None  # `dnat to X:port`
-    action: str | None  # "masquerade", "dnat", or None
-    raw: Any  # the rule as nft -j gave it (what undo adds back)
+
+    def __init__(self, family: str, table: str, chain: str, handle: int, comment: str | None, saddr: str | None,
+                 daddr: str | None, dnat_addr: str | None, action: str | None, raw: Any) -> None:
+        self.family = family  # the table's family: inet, ip, ip6
+        self.table, self.chain, self.handle, self.comment = table, chain, handle, comment
+        self.saddr = saddr  # `ip saddr X` / `ip6 saddr X`
+        self.daddr = daddr  # `ip daddr X` (an exact address; a prefix or a negation is not kept)
+        self.dnat_addr = dnat_addr  # `dnat to X:port`
+        self.action = action  # "masquerade", "dnat", or None
+        self.raw = raw  # the rule as nft -j gave it (what undo adds back)
 
 
 def _match_addr(expr: dict, field: str) -> str | None:
@@ -104,18 +107,15 @@ def parse_json(doc: dict) -> list[NativeRule]:
     return out
 
 
-@dataclass(frozen=True)
-class NativeOp:
+class NativeOp(Value):
     """Delete one rule by its handle."""
 
     __slots__ = ("chain", "family", "handle", "owner", "part", "table", "what")
-    family: str
-    table: str
-    chain: str
-    handle: int
-    owner: tuple[str, str]
-    what: str
-    part: str  # "masq" (bridge's) or "dnat" (portmap's)
+
+    def __init__(self, family: str, table: str, chain: str, handle: int, owner: tuple[str, str], what: str,
+                 part: str) -> None:
+        self.family, self.table, self.chain, self.handle, self.owner, self.what = family, table, chain, handle, owner, what
+        self.part = part  # "masq" (bridge's) or "dnat" (portmap's)
 
 
 def script(ops: list[NativeOp]) -> str:
