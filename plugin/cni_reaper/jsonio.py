@@ -67,8 +67,10 @@ def _encoder(default: Callable[[Any], Any] | None) -> Callable[[Any, int], Any]:
 
 
 _plain = _encoder(None)
+_as_text = _encoder(str)  # the log's: made once, not once a line
 
 
 def dumps(obj: Any, default: Callable[[Any], Any] | None = None) -> str:
     """The compact JSON text of obj (ASCII, as json.dumps writes by default)."""
-    return "".join((_encoder(default) if default is not None else _plain)(obj, 0))
+    enc = _plain if default is None else _as_text if default is str else _encoder(default)
+    return "".join(enc(obj, 0))

@@ -61,20 +61,42 @@ def _to_file(path: str, line: str) -> None:
         os.close(fd)
 
 
+def _line(level: str, msg: str, fields: dict[str, object]) -> str:
+    now = int(time.time())
+    if _stamp[0] != now:  # one strftime a second, not one a line (a sweep of 1,000 writes 2,000)
+        _stamp[:] = [now, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))]
+    entry: dict[str, object] = {"time": _stamp[1], "level": level, "msg": msg}
+    entry.update(_context)
+    entry.update(fields)
+    return jsonio.dumps(entry, default=str) + "\n"
+
+
+_stamp: list[Any] = [None, ""]
+
+
+def _write(level: str, text: str) -> None:
+    if _settings["file"]:
+        _to_file(_settings["file"], text)
+    if _settings["stderr"] and _LEVELS.get(level, 1) >= _LEVELS["info"]:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
 def event(level: str, msg: str, **fields: object) -> None:
     try:
-        entry: dict[str, object] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": level,
-                                    "msg": msg}
-        entry.update(_context)
-        entry.update(fields)
-        line = jsonio.dumps(entry, default=str) + "\n"
-        if _settings["file"]:
-            _to_file(_settings["file"], line)
-        if _settings["stderr"] and _LEVELS.get(level, 1) >= _LEVELS["info"]:
-            sys.stderr.write(line)
-            sys.stderr.flush()
+        _write(level, _line(level, msg, fields))
     except Exception:  # noqa: BLE001 - logging must never fail a verb
         pass
+
+
+def each(level: str, msg: str, rows: list[dict[str, Any]]) -> None:
+    """One line per row (its fields), written together: one append to the file and one to stderr for a
+    sweep's thousand lines (a single write: another process's lines never land among them)."""
+    if rows:
+        try:
+            _write(level, "".join([_line(level, msg, r) for r in rows]))
+        except Exception:  # noqa: BLE001 - logging must never fail a verb
+            pass
 
 
 def info(msg: str, **fields: object) -> None:

@@ -102,9 +102,9 @@ def _narrow(targets: list[Target], claims: Claims, outcome: Outcome) -> tuple[li
 
 
 def _log(outcome: Outcome) -> None:
-    for owner, items in outcome.removed.items():
-        log.info("removed", network=owner[0], containerID=owner[1], ifname=owner[2], items=items,
-                 backend=outcome.backend)
+    backend = outcome.backend
+    log.each("info", "removed", [{"network": owner[0], "containerID": owner[1], "ifname": owner[2], "items": items,
+                                  "backend": backend} for owner, items in outcome.removed.items()])
     for msg in outcome.skipped:
         log.info("left in place", why=msg)
     for err in outcome.errors:
