@@ -25,24 +25,57 @@ CONFLISTS = REPO / "conflist"
 _counter = itertools.count()
 
 
-_made: list[str] = []
+# Mount points the sandboxes need where the machine has none (/run/cni): made once, shared by every process
+# that runs sandboxes at the same time (the suite and the property test run side by side, and tests start
+# Python processes of their own), and removed by the last one. Each user holds a shared flock on /run
+# itself (no lock file left behind) from its first mount point to its exit; the one that can turn it into an
+# exclusive lock at exit is the last, and removes what MADE lists (what the tests made, not the machine's).
+MADE = "/run/cni-reaper-tests.made"
+_users_fd: list[int] = []
 
 
 def mountpoint(path: str) -> None:
-    """An empty directory for the sandboxes' private mounts, where the machine has none (removed at exit)."""
+    """An empty directory for the sandboxes' private mounts, where the machine has none (removed by the last
+    process using it)."""
     import atexit
+    import fcntl
 
-    if not os.path.isdir(path):
-        os.makedirs(path)
-        _made.append(path)
-        if len(_made) == 1:
-            atexit.register(_remove_made)
+    if not _users_fd:
+        fd = os.open("/run", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits while the last user of a previous run removes its mount points
+        _users_fd.append(fd)
+        atexit.register(_remove_made)
+    if os.path.isdir(path):
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.mkdir(path)
+    except FileExistsError:  # another process made it just now
+        return
+    with open(MADE, "a") as f:
+        f.write(path + "\n")
 
 
 def _remove_made() -> None:
-    for p in reversed(_made):
-        if os.path.isdir(p) and not os.listdir(p):
-            os.rmdir(p)
+    import fcntl
+
+    fd = _users_fd.pop()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # others still use them: the last one removes them
+        os.close(fd)
+        return
+    try:
+        with open(MADE) as f:
+            made = [p for p in f.read().splitlines() if p]
+        for p in reversed(made):
+            if os.path.isdir(p) and not os.listdir(p):
+                os.rmdir(p)
+        os.unlink(MADE)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
