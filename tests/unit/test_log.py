@@ -27,3 +27,36 @@ def test_a_line_that_cannot_be_written_fails_nothing(tmp_path):
     log.begin(str(tmp_path / "no-such-dir" / "x.log"), stderr=False)
     log.each("info", "removed", [{"a": 1}])
     log.info("removed", a=1)
+
+
+def test_the_records_dropped_are_told_even_when_a_later_one_cannot_be_trimmed(tmp_path):
+    """A sweep's batch drops two records, then a trim fails (a full disk): the two drops are in the log."""
+    from cni_reaper.reap import sweep
+    from cni_reaper.reap.evidence import DEAD, LIVE
+
+    class Judged:
+        def __init__(self, cid, state):
+            self.key, self.state, self.why, self.record = ("nomad", cid, "eth0"), state, "its netns is gone", {}
+
+    class Store:
+        def remove(self, *key, sync=True):
+            pass
+
+        def save(self, record):
+            raise OSError(28, "No space left on device")
+
+    class Journal:
+        def intent(self, *args):
+            return "event"
+
+        def done(self, *args):
+            pass
+
+    log.begin(str(tmp_path / "x.log"), stderr=False, verb="STATUS")
+    due = [(Judged("a", DEAD), []), (Judged("b", DEAD), []), (Judged("c", LIVE), [])]
+    try:
+        sweep._settle_all(Store(), due, Journal())
+    except OSError:
+        pass
+    lines = [json.loads(x) for x in (tmp_path / "x.log").read_text().splitlines()]
+    assert [(x["msg"], x["containerID"]) for x in lines] == [("record dropped", "a"), ("record dropped", "b")]

@@ -367,17 +367,19 @@ def _settle_all(store: Store, due: list[tuple[Judged, list[dict[str, Any]]]], jo
             event = journal.intent(log.field("verb"), items[start:end], dumped)
         except OSError:
             return dropped  # not noted: the records stay, and so they are looked at again
-        lines = []
-        for j, kept in due[start:end]:
-            k = j.key
-            if j.state in SWEEPABLE:
-                store.remove(*k, sync=False)
-                lines.append({"network": k[0], "containerID": k[1], "ifname": k[2], "state": j.state, "why": j.why})
-                dropped.append(j)
-            else:
-                store.save(dict(j.record, earlier=kept))
+        lines: list[dict[str, Any]] = []
+        try:
+            for j, kept in due[start:end]:
+                k = j.key
+                if j.state in SWEEPABLE:
+                    store.remove(*k, sync=False)
+                    lines.append({"network": k[0], "containerID": k[1], "ifname": k[2], "state": j.state, "why": j.why})
+                    dropped.append(j)
+                else:
+                    store.save(dict(j.record, earlier=kept))
+        finally:  # the records dropped are told even when a later one of the batch cannot be trimmed
+            log.each("info", "record dropped", lines)
         journal.done(event, list(range(end - start)))
-        log.each("info", "record dropped", lines)
     return dropped
 
 
