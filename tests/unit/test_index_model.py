@@ -30,8 +30,8 @@ HOSTS = [("boot-a", "m1", 1, 2), ("boot-a", "m1", 1, 3), ("boot-b", "m1", 1, 2),
 
 
 def _entry(rnd, tmp, files, ino):
-    path = rnd.choice(files)
-    st = os.lstat(path)
+    path, source = rnd.choice(files)
+    st = os.lstat(source)
     ns_kind = rnd.random()
     if ns_kind < 0.6:
         ns = (st.st_dev, st.st_ino, st.st_ctime_ns)
@@ -59,6 +59,8 @@ def _expected_live(model, view):
             continue
         host, (path, ns) = q
         if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
+            if not path.startswith("/"):  # relative to nothing the judgement knows: judged in full
+                continue
             try:
                 st = os.lstat(path)
             except OSError:
@@ -73,11 +75,29 @@ class Run:
 
     def __init__(self, tmp_path, rnd):
         self.rnd, self.tmp = rnd, tmp_path
+        # (the path recorded, the file whose identity is recorded): paths of every shape a runtime could
+        # hand in, each looked at relative to its directory by the quick judgement and with lstat by the model
         self.files = []
+        (tmp_path / "d2").mkdir()
         for i in range(6):
             p = tmp_path / f"ns-{i}"
             p.write_text("x")
-            self.files.append(p)
+            self.files.append((str(p), str(p)))
+        for i in range(2):
+            p = tmp_path / "d2" / f"ns-{i}"
+            p.write_text("x")
+            self.files.append((str(p), str(p)))
+        (tmp_path / "via").symlink_to(tmp_path / "d2")  # a symlinked directory (as /var/run is to /run)
+        (tmp_path / "last").symlink_to(tmp_path / "ns-0")  # a last component that is a symlink: not followed
+        self.files += [(str(tmp_path / "via" / "ns-0"), str(tmp_path / "d2" / "ns-0")),
+                       (str(tmp_path / "d2" / ".." / "ns-1"), str(tmp_path / "ns-1")),
+                       (str(tmp_path / "last"), str(tmp_path / "ns-0")),
+                       (str(tmp_path / "last"), str(tmp_path / "last")),
+                       (str(tmp_path / "ns-2") + "/", str(tmp_path / "ns-2")),
+                       (str(tmp_path / "gone" / "ns-0"), str(tmp_path / "ns-0")),
+                       (str(tmp_path / "ns-3") + "/.", str(tmp_path / "ns-3")),
+                       (str(tmp_path / "d2"), str(tmp_path / "d2")),
+                       ("ns-4", str(tmp_path / "ns-4"))]
         self.sd = SafeDir(str(tmp_path / "s")).open()
         self.idx = Index(self.sd)
         self.idx.write_whole()
@@ -126,7 +146,7 @@ class Run:
         elif op < 0.85:
             self.reread()
         elif op < 0.9:  # a file at a path re-made (a netns re-created: its ctime changes)
-            p = rnd.choice(self.files)
+            p = rnd.choice(self.files)[1]
             os.utime(p)
             os.chmod(p, 0o600 if rnd.random() < 0.5 else 0o644)
 

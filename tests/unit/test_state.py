@@ -569,8 +569,31 @@ def test_the_quick_judgement_of_the_index_says_what_the_full_one_says(tmp_path):
             subprocess.run(["umount", str(p)], check=False)
 
 
+def _damaged(hot, cold, damage):
+    """`.index`'s first part (changed in place) and second part (returned) as `damage` says."""
+    group = hot["quick"][0]  # host, start, end, runs, bases, ints, digest
+    if damage == "second-part-cut":
+        return cold[:len(cold) // 2]
+    if damage == "second-part-short":
+        return json.dumps(json.loads(cold)[:-1]).encode()
+    changes = {
+        "ints-not-ints": lambda: group.__setitem__(5, [int(x) for x in group[5].split(",")]),  # as v6 held them
+        "digest-off": lambda: group.__setitem__(6, group[6] + 1),  # compared one by one: all live all the same
+        "digest-and-ints-off": lambda: group.__setitem__(5, "1," + group[5]) or group.__setitem__(6, group[6] + 1),
+        "paths-not-paths": lambda: group.__setitem__(4, [7 for _ in group[4]]),
+        "runs-not-runs": lambda: group.__setitem__(3, [[7, "x"] for _ in group[3]]),
+        "runs-short": lambda: group[3][-1].__setitem__(1, group[3][-1][1] - 1),  # fewer paths than the group's
+        # another directory that exists: nothing there is the namespaces recorded
+        "runs-elsewhere": lambda: group.__setitem__(3, [["/", len(group[4])]]),
+    }
+    if damage in changes:
+        changes[damage]()
+    return cold
+
+
 @pytest.mark.parametrize("damage", ["second-part-cut", "second-part-short", "ints-not-ints", "paths-not-paths",
-                                    "first-part-not-json", "digest-off", "digest-and-ints-off"])
+                                    "runs-not-runs", "runs-short", "runs-elsewhere", "first-part-not-json",
+                                    "digest-off", "digest-and-ints-off"])
 def test_an_index_damaged_behind_its_checksum_fails_no_verb_and_removes_nothing(tmp_path, damage, request):
     """`.index` is trusted as cni-reaper wrote it once its checksum holds (no per-field checks: they cost every
     call). Damaged behind a right checksum all the same (a writer of another build), with its names and inodes
@@ -602,19 +625,7 @@ def test_an_index_damaged_behind_its_checksum_fails_no_verb_and_removes_nothing(
     hot, sealed = whole
     cold = json.dumps(second_part(sealed)).encode()
     assert hot["quick"] and len(hot["names"]) == 3, hot  # the flat lists are what is damaged below
-    if damage == "second-part-cut":
-        cold = cold[:len(cold) // 2]
-    elif damage == "second-part-short":
-        cold = json.dumps(json.loads(cold)[:-1]).encode()
-    elif damage == "ints-not-ints":
-        hot["quick"][0][4] = [int(x) for x in hot["quick"][0][4].split(",")]  # as v6 held them
-    elif damage == "digest-off":  # the triples compared one by one: all live all the same
-        hot["quick"][0][5] += 1
-    elif damage == "digest-and-ints-off":  # neither as written: judged in full
-        hot["quick"][0][4] = "1," + hot["quick"][0][4]
-        hot["quick"][0][5] += 1
-    elif damage == "paths-not-paths":
-        hot["quick"][0][3] = [7 for _ in hot["quick"][0][3]]
+    cold = _damaged(hot, cold, damage)
     first = b"{" if damage == "first-part-not-json" else json.dumps(hot).encode()
     (state / ".index").write_bytes(seal(first, cold))
     before = {p.name: p.read_bytes() for p in state.glob("r-*.json")}

@@ -179,16 +179,16 @@ def live_at_path(quick: QuickView, view: View) -> set[str]:
     """Of the entries the index can judge quickly (Index.quick_view: flat lists by host as read, entries saved
     since by host, the names whose flat lists are void), the names of those that are LIVE by judge_life's
     first rule: in this boot, on this machine, the path holds the very namespace recorded, seen with one
-    lstat each. The others are judged in full. A verb's sweep looks at every live attachment of the node: a
-    thousand on a busy client."""
+    stat each (relative to its directory; the last component not followed). The others are judged in full.
+    A verb's sweep looks at every live attachment of the node: a thousand on a busy client."""
     h = view.host
     if h.boot is None or h.nsfs is None:
         return set()
     flat, groups, changed = quick
     live: set[str] = set()
-    for host, names, paths, ints, digest in flat:
+    for host, names, runs, ints, digest in flat:
         if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
-            live.update(probes.holding_group(names, paths, ints, digest))
+            live.update(probes.holding_group(names, runs, ints, digest))
     if changed:
         live -= changed  # what they hold now is in `groups`, or they are judged in full
     for host, group in groups.items():

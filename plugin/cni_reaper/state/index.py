@@ -11,9 +11,11 @@ records, with a log line. Every save and removal under the lock keeps it current
 length of its first part, then two JSON documents (parsed by the C scanner, linear in its size whatever it
 holds: `marshal` was faster, but a few crafted bytes make it allocate gigabytes). The first, read by every
 call, holds what nothing stale takes: the record files' names and inodes, and the entries the quick
-judgement can judge as flat lists by host (their netns paths; their namespaces' dev, ino and ctime as
-one string of decimals, and the digest of them all that the judgement compares with what it sees: 3,000
-integers are a third of the JSON scanner's time), every other entry whole; the second, read only when
+judgement can judge as flat lists by host (their netns paths as runs of one directory and the names in it,
+so that each is looked at relative to one open directory: a `stat` that does not walk the whole path again;
+their namespaces' dev, ino and ctime as one string of decimals, and the digest of them all that the
+judgement compares with what it sees: 3,000 integers are a third of the JSON scanner's time), every other
+entry whole; the second, read only when
 one of those quick entries must be read in full (it was not seen live, or the index is written whole),
 holds their fields. Entries are compact lists into tables of the
 hosts and netns directories, made an Entry only when asked for (unchecked: the CRC says the file is whole,
@@ -29,10 +31,13 @@ if TYPE_CHECKING:
 
     from cni_reaper.state.safedir import SafeDir
 
+    # the netns paths of a quick group: runs of (directory, how many of the group's paths are in it), and the
+    # names in those directories, in the group's order
+    Runs = tuple[list[tuple[str, int]], list[str]]
     # what the quick judgement reads (Index.quick_view): the flat lists as read, by host (host, names, netns
-    # paths, dev/ino/ctime triples as decimals joined by commas, their digest); the entries saved since, by
-    # host ({name: (netns path, (dev, ino, ctime))}); the names whose flat lists are void
-    QuickView = tuple[list[tuple[tuple, list[str], list[str], str, int]], dict[tuple, dict[str, tuple]], set[str]]
+    # paths as runs, dev/ino/ctime triples as decimals joined by commas, their digest); the entries saved
+    # since, by host ({name: (netns path, (dev, ino, ctime))}); the names whose flat lists are void
+    QuickView = tuple[list[tuple[tuple, list[str], Runs, str, int]], dict[tuple, dict[str, tuple]], set[str]]
 
 from cni_reaper import jsonio, log
 from cni_reaper.state.names import all_record_names, is_record_name, others_in
@@ -41,8 +46,8 @@ from cni_reaper.state.record import parse_time
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
 JOURNAL_MAX = 64  # lines, before the index is written whole again
-VERSION = 7
-MAGIC = b"cni-reaper index 7\n"
+VERSION = 8
+MAGIC = b"cni-reaper index 8\n"
 HEAD = len(MAGIC) + 12  # the magic line, the length of the first part, the CRC-32 of each part
 MAX_BYTES = 64 << 20
 
@@ -91,7 +96,8 @@ def encode(entries: dict[str, Entry], raw: dict[str, list[Any]], hosts: list[Any
 
 
 def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> bytes:
-    """The file: the quick entries' names first, by host, with their flat lists; their compact lists apart."""
+    """The file: the quick entries' names first, by host and netns directory, with their flat lists; their
+    compact lists apart."""
     groups: dict[int, list[str]] = {}
     others = []
     for n, v in body.items():
@@ -102,16 +108,36 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
     names: list[str] = []
     quick = []
     for h, members in groups.items():
+        members.sort(key=lambda n: body[n][4].rpartition("/")[0])  # a directory's paths side by side
         start = len(names)
         names += members
         ints = [x for n in members for x in body[n][5]]
-        quick.append([hosts[h], start, len(names), [body[n][4] for n in members], ",".join(map(str, ints)),
+        runs, bases = split_paths([body[n][4] for n in members])
+        quick.append([hosts[h], start, len(names), [list(r) for r in runs], bases, ",".join(map(str, ints)),
                       digest(ints)])
     cold = [body[n] for n in names]
     names += others
     hot = {"names": names, "inos": [body[n][0] for n in names], "quick": quick, "raw": [body[n] for n in others],
            "hosts": hosts, "dirs": dirs}
     return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
+
+
+def split_paths(paths: list[str]) -> Runs:
+    """Paths as runs of one directory (the part before the last slash; "/" for a path right under the root)
+    and the names in it. What is no absolute path in a directory (no slash, a trailing one) keeps a run
+    whose directory cannot be opened or a name that cannot be found there: judged in full, as a path that
+    holds no namespace is."""
+    runs: list[tuple[str, int]] = []
+    bases: list[str] = []
+    for path in paths:
+        d, _, base = path.rpartition("/")
+        d = d or ("/" if path.startswith("/") else "")
+        if runs and runs[-1][0] == d:
+            runs[-1] = (d, runs[-1][1] + 1)
+        else:
+            runs.append((d, 1))
+        bases.append(base)
+    return runs, bases
 
 
 def digest(ints: list[int]) -> int:
@@ -176,7 +202,7 @@ def decode_all(data: bytes) -> tuple[dict[str, list[Any]], list[Any], list[Any]]
     return dict(zip(names, quick + hot["raw"])), hot["hosts"], hot["dirs"]
 
 
-def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tuple[tuple, int, int, list[str], str, int]],
+def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tuple[tuple, int, int, Runs, str, int]],
                                               dict[str, list[Any]]]:
     """(name -> inode, the names, the quick entries' flat lists by host, the other entries' compact lists) of
     the first part of `.index`, its shape checked (ValueError, TypeError, IndexError when it is not one)."""
@@ -188,17 +214,29 @@ def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tup
         raise ValueError("a name that is no record file's")
     flat, at = [], 0
     for group in hot["quick"]:
-        host, start, end, paths, ints, dig = group
+        host, start, end, runs, bases, ints, dig = group
         host = tuple(host)
         if (start != at or type(end) is not int or end < start or len(host) != 4 or type(host[0]) is not str
-                or type(host[1]) is not str or len(paths) != end - start or type(ints) is not str
-                or type(dig) is not int):
+                or type(host[1]) is not str or type(bases) is not list or len(bases) != end - start
+                or type(ints) is not str or type(dig) is not int or not _runs_of(runs, end - start)):
             raise ValueError("a group of quick entries is not one")
-        flat.append((host, start, end, paths, ints, dig))
+        flat.append((host, start, end, ([(d, k) for d, k in runs], bases), ints, dig))
         at = end
     if at + len(raw) != len(names):
         raise ValueError("the entries do not match the names")
     return by_name, names, flat, dict(zip(names[at:], raw))
+
+
+def _runs_of(runs: Any, count: int) -> bool:
+    """Whether `runs` are runs of directories that cover `count` paths."""
+    if type(runs) is not list:
+        return False
+    total = 0
+    for run in runs:
+        if type(run) is not list or len(run) != 2 or type(run[0]) is not str or type(run[1]) is not int or run[1] < 1:
+            return False
+        total += run[1]
+    return total == count
 
 
 def make(v: list[Any], hosts: list[Any], dirs: list[Any]) -> Entry:
@@ -304,10 +342,10 @@ class Index:
         self._dirs: list[Any] = []
         self._made: dict[str, Entry] = {}
         # as `.index` holds them: every name (the quick entries first, by host), the quick entries' flat lists
-        # by host (host, start, end, netns paths, dev/ino/ctime triples), the quick entries' compact lists
+        # by host (host, start, end, netns paths as runs, dev/ino/ctime triples), the quick entries' compact lists
         # (its second part, parsed when one is asked for), the names changed since (whose flat lists are void)
         self._names: list[str] = []
-        self._flat: list[tuple[tuple, int, int, list[str], str, int]] = []
+        self._flat: list[tuple[tuple, int, int, Runs, str, int]] = []
         self._cold: bytes | None = None
         self._changed: set[str] = set()
         self._journal_lines = 0
@@ -331,9 +369,9 @@ class Index:
         return {n: e for n, e in made.items() if n not in names}
 
     def quick_view(self) -> QuickView:
-        """(the flat lists as read, by host: (host, names, netns paths, dev/ino/ctime triples as written, their
-        digest); the entries saved since, by host: {name: (netns path, (dev, ino, ctime))}; the names whose
-        flat lists are void)."""
+        """(the flat lists as read, by host: (host, names, netns paths as runs, dev/ino/ctime triples as
+        written, their digest); the entries saved since, by host: {name: (netns path, (dev, ino, ctime))}; the
+        names whose flat lists are void)."""
         names = self._names
         return [(h, names[a:b], p, i, d) for h, a, b, p, i, d in self._flat], self.quick, self._changed
 
