@@ -528,6 +528,17 @@ class Left(BaseModel):
     _time = field_validator("at")(classmethod(lambda cls, v: _utc(v)))
 
 
+class Held(Left):
+    """A dead attachment's leftover that something not ours holds: a sweep looks at it again after retryAt."""
+
+    retryAt: datetime = Field(strict=False)
+    tries: int = Field(ge=1, le=1 << 30)
+
+    _retry_format = field_validator("retryAt", mode="before")(classmethod(lambda cls, v: _record_time(v)))
+    _retry_time = field_validator("retryAt")(classmethod(lambda cls, v: _utc(v)))
+    _tries = field_validator("tries", mode="before")(classmethod(lambda cls, v: _strict_int(v)))
+
+
 class Record(BaseModel):
     """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir,
     exactly as record.py writes it (every key present; record.problem() says the same in plain Python)."""
@@ -545,7 +556,7 @@ class Record(BaseModel):
     settings: Optional[Settings]
     pluginVersion: str = Field(max_length=MAX_TEXT)
     deleted: Optional[Tombstone]
-    left: Optional[Left] = None  # may be absent
+    left: Optional[Union[Held, Left]] = None  # may be absent
 
     _cni_args = field_validator("cniArgs")(classmethod(lambda cls, v: _args(v)))
 

@@ -47,7 +47,7 @@ def _entry(rnd, tmp, files, ino):
                  (1, 2, (rnd.randrange(3),)) if rnd.random() < 0.7 else None, host,
                  ("veth1", 3) if rnd.random() < 0.5 else None, deleted, True if deleted else None,
                  bool(deleted) and rnd.random() < 0.5, rnd.random() < 0.15, [f"10.0.0.{rnd.randrange(9)}"],
-                 "/c" if rnd.random() < 0.5 else None, rnd.random() < 0.1)
+                 "/c" if rnd.random() < 0.5 else None, rnd.choice([False] * 8 + [True, 1796114877.25]))
 
 
 def _expected_live(model, view):

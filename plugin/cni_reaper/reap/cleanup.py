@@ -18,7 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cni_reaper.reap.netfilter.domain import Domain
+    from cni_reaper.reap.netfilter.domain import Domain, Plan
     from cni_reaper.state.journal import Journal
 
 from cni_reaper import log
@@ -153,7 +153,7 @@ def _clean_domain(domain: Domain, outcome: Outcome, settings: Settings) -> None:
                 _journaled(domain, snapshot, p.ops, settings)
             for op in p.ops:
                 outcome.note(owners[op.owner], f"{domain.label} {op.table} {op.chain}: {op.what}", domain.kinds[op.part])
-            outcome.skipped += p.skipped
+            _skipped(domain, p, outcome)
             return
         except LockHeld as exc:
             outcome.errors.append(f"{domain.label}: {exc}")
@@ -189,7 +189,14 @@ def _apply_one_by_one(domain: Domain, outcome: Outcome, settings: Settings) -> N
         except (BackendError, OSError) as exc:
             outcome.errors.append(f"{domain.label} {op.table} {op.chain} ({op.what}): {exc}")
             outcome.failed.add(owner)
+    _skipped(domain, p, outcome)
+
+
+def _skipped(domain: Domain, p: Plan, outcome: Outcome) -> None:
     outcome.skipped += p.skipped
+    owners = _owners(domain)
+    for owner, why in p.held.items():
+        outcome.held[owners[owner]] = f"{domain.label} {why}"
 
 
 # -- conntrack and reservations ------------------------------------------------------------------------

@@ -45,9 +45,10 @@ from cni_reaper.reap import probes
 
 LIVE, DEAD, UNKNOWN = "live", "dead", "unknown"
 LEFT = "left"  # dead, but what it left no sweep may take (claims.py): it waits for the runtime's DEL or GC
+HELD = "held"  # dead, and something not ours holds what it left (a foreign jump to its chain): looked at again later
 DONE, EXPIRED, WAIT = "tombstone-done", "tombstone-expired", "tombstone-wait"
 SWEEPABLE = (DEAD, DONE, EXPIRED)  # what a sweep cleans and then drops
-HOLDING = (LIVE, UNKNOWN, WAIT, LEFT)  # what keeps its addresses and its container protected
+HOLDING = (LIVE, UNKNOWN, WAIT, LEFT, HELD)  # what keeps its addresses and its container protected
 TOMBSTONE_GRACE_SECONDS = 60.0
 
 
@@ -80,10 +81,12 @@ class Facts:
 
 class View:
     """What this process can see now: the host, and per sweep the identities of the netns directories it looked
-    at and the peer groups of the mounts they are on. `blind`: why something could not be judged, how often."""
+    at and the peer groups of the mounts they are on. `blind`: why something could not be judged, how often.
+    `at_once`: what is held waits for no retry time (an operator's sweep, GC: judge_left)."""
 
-    def __init__(self, host: probes.Host | None = None) -> None:
+    def __init__(self, host: probes.Host | None = None, at_once: bool = False) -> None:
         self.host = host or probes.host()
+        self.at_once = at_once
         self._dirs: dict[str, tuple | None] = {}
         self._groups: dict[tuple[str, str, tuple[bytes, ...]], frozenset[int]] = {}
         self.blind: dict[str, int] = {}
@@ -203,6 +206,20 @@ def out_of_reach(f: Facts, view: View) -> str | None:
     if f.host_netns is not None and f.boot == view.host.boot and f.host_netns != view.host.netns:
         return "this process runs in another network namespace than the attachment's host (its rules are there)"
     return None
+
+
+def judge_left(state: str, left: bool | float, tombstoned: bool, view: View, now: float | None = None) -> str | None:
+    """What a record's `left` mark (record.left_mark) makes of the state judged from its evidence (None: the
+    state stands). Left for the runtime (True): a dead, not torn down attachment is LEFT. Held (a retry
+    time): a dead one (torn down or not) is HELD until that time, then judged again as any dead one, unless
+    the view looks at once."""
+    if left is False or state not in SWEEPABLE:
+        return None
+    if left is True:
+        return LEFT if state == DEAD and not tombstoned else None
+    if view.at_once or (now if now is not None else time.time()) >= left:
+        return None
+    return HELD
 
 
 def judge_tombstone(f: Facts, deleted_at: float, cached: bool | None, cached_now: bool | None, view: View,

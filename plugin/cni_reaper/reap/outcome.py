@@ -1,6 +1,7 @@
 """What a clean-up did: per attachment the items removed (or, in a dry run or in observe mode, that would have
 been), what failed and what could not be verified gone (their records are kept and retried), what was left
-on purpose and why, the backends used, and counts by kind for the metrics."""
+on purpose and why, what something not ours holds (their records are kept and looked at again later), the
+backends used, and counts by kind for the metrics."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ Key = tuple[str, str, str]  # (network, container ID, ifname)
 
 
 class Outcome:
-    __slots__ = ("backends", "counts", "errors", "failed", "removed", "skipped", "unknown", "unverified", "waiting",
-                 "would", "would_counts")
+    __slots__ = ("backends", "counts", "errors", "failed", "held", "removed", "skipped", "unknown", "unverified",
+                 "waiting", "would", "would_counts")
 
     def __init__(self) -> None:
         self.removed: dict[Key, list[str]] = {}
@@ -23,6 +24,7 @@ class Outcome:
         self.would: dict[Key, list[str]] = {}  # observe mode: what would have been removed
         self.would_counts: dict[tuple[str, str], int] = {}
         self.waiting: dict[Key, str] = {}  # left for the runtime's DEL or GC, and why (claims)
+        self.held: dict[Key, str] = {}  # held by something not ours, and why: the record stays, looked at later
 
     @property
     def backend(self) -> str:
@@ -58,3 +60,4 @@ class Outcome:
         for k2, n in other.would_counts.items():
             self.would_counts[k2] = self.would_counts.get(k2, 0) + n
         self.waiting.update(other.waiting)
+        self.held.update(other.held)

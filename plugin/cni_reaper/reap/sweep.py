@@ -29,19 +29,19 @@ from cni_reaper.reap.evidence import (
     DEAD,
     DONE,
     HOLDING,
-    LEFT,
     LIVE,
     SWEEPABLE,
     UNKNOWN,
     WAIT,
     Facts,
     View,
+    judge_left,
     judge_life,
     judge_tombstone,
     live_at_path,
     out_of_reach,
 )
-from cni_reaper.state.record import ips, key, parse_time
+from cni_reaper.state.record import ips, key, left_mark, parse_time
 
 Key = tuple[str, str, str]  # (network, container ID, ifname)
 
@@ -75,18 +75,23 @@ def judge_record(record: dict[str, Any], view: View, cache_dir: str) -> tuple[st
     dead = record["deleted"]
     if dead is None:
         state, why = judge_life(f, view)
-        left = record.get("left")
-        return (LEFT, left["why"]) if left and state == DEAD else (state, why)
-    cached_now = cache.exists(cache_dir, *key(record))
-    return judge_tombstone(f, parse_time(dead["at"]), dead["cached"], cached_now, view)
+    else:
+        cached_now = cache.exists(cache_dir, *key(record))
+        state, why = judge_tombstone(f, parse_time(dead["at"]), dead["cached"], cached_now, view)
+    left = judge_left(state, left_mark(record), dead is not None, view)
+    if left is None:
+        return state, why
+    mark = record["left"]
+    return left, mark["why"] + (f" (looked at again after {mark['retryAt']})" if "retryAt" in mark else "")
 
 
 def judge_entry(e: Entry, view: View, cache_dir: str) -> str:
     f = Facts.of_entry(e)
     if e.deleted_at is None:
         state = judge_life(f, view)[0]
-        return LEFT if e.left and state == DEAD else state
-    return judge_tombstone(f, e.deleted_at, e.cached, cache.exists(e.cache_dir or cache_dir, *e.key), view)[0]
+    else:
+        state = judge_tombstone(f, e.deleted_at, e.cached, cache.exists(e.cache_dir or cache_dir, *e.key), view)[0]
+    return judge_left(state, e.left, e.deleted_at is not None, view) or state
 
 
 def judge_indexed(store: Store, view: View, cache_dir: str, every: bool = False) -> tuple[dict[str, Entry], dict[str, str]]:
@@ -343,6 +348,22 @@ def _left_for_the_runtime(store: Store, j: Judged, outcome: Outcome, watching: s
     return True
 
 
+def _held(store: Store, j: Judged, outcome: Outcome, watching: set[str]) -> bool:
+    """A dead attachment of which something not ours holds a leftover (a foreign rule jumps to its chain): its
+    record stays, marked with when a verb's sweep looks at it again (sooner would cost every verb a sweep;
+    the wait doubles each time, up to an hour; an operator's sweep and GC look at once)."""
+    from cni_reaper.state.record import held
+
+    why = outcome.held.get(j.key)
+    if why is None or j.state not in SWEEPABLE or j.key[0] in watching:
+        return False
+    mark = held(why, j.record)
+    store.save(dict(j.record, left=mark))
+    log.info("left in place: something not ours holds it; looked at again later", network=j.key[0],
+             containerID=j.key[1], ifname=j.key[2], why=why, retryAt=mark["retryAt"], tries=mark["tries"])
+    return True
+
+
 def _settling(j: Judged, watching: set[str]) -> list[dict[str, Any]] | None:
     """The earlier lives a record keeps when its clean-up went through (None: it is not settled now). A
     record of a dead attachment is dropped; one whose dead earlier lives were cleaned is trimmed."""
@@ -393,6 +414,8 @@ def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome
     due = []
     for j in sel.judged:
         if _left_for_the_runtime(store, j, outcome, watching) or j.key in outcome.kept:
+            continue
+        if _held(store, j, outcome, watching):
             continue
         kept = _settling(j, watching)
         if kept is not None:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import jsonio, log
 from cni_reaper.state.names import all_record_names, is_record_name, others_in
-from cni_reaper.state.record import parse_time
+from cni_reaper.state.record import left_mark, parse_time
 
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
@@ -268,12 +268,14 @@ class Entry:
 
     def __init__(self, ino: int, network: str, cid: str, ifname: str, netns: str, ns: tuple | None, dir_: tuple | None,
                  host: tuple | None, veth: tuple | None, deleted_at: float | None, cached: bool | None, verify: bool,
-                 earlier: bool, ips: list[str], cache_dir: str | None, left: bool = False) -> None:
+                 earlier: bool, ips: list[str], cache_dir: str | None, left: bool | float = False) -> None:
         self.ino, self.network, self.cid, self.ifname, self.netns = ino, network, cid, ifname, netns
         self.ns, self.dir, self.host, self.veth = ns, dir_, host, veth
         self.deleted_at, self.cached, self.verify, self.earlier = deleted_at, cached, verify, earlier
         self.ips, self.cache_dir = ips, cache_dir
-        self.left = left  # its leftovers wait for the runtime's DEL or GC (record.left)
+        # record.left_mark: its leftovers wait for the runtime's DEL or GC (True), or something not ours holds
+        # one and a sweep looks again after this time (a number)
+        self.left = left
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -289,7 +291,7 @@ class Entry:
                    parse_time(dead["at"]) if dead is not None else None,
                    dead["cached"] if dead is not None else None, dead["verify"] if dead is not None else False,
                    bool(record["earlier"]), sorted(ip["address"] for ip in cur["ips"]),
-                   s["cniCacheDir"] if s else None, bool(record.get("left")))
+                   s["cniCacheDir"] if s else None, left_mark(record))
 
     def to_list(self) -> list[Any]:
         """Its fields as JSON holds them (a journal line)."""
@@ -319,7 +321,8 @@ class Entry:
                                       and type(veth[1]) is i))
                 and (at is None or type(at) is i or type(at) is float)
                 and (cached is None or cached is True or cached is False) and (verify is True or verify is False)
-                and (earlier is True or earlier is False) and (left is True or left is False)
+                and (earlier is True or earlier is False)
+                and (left is True or left is False or type(left) is float or type(left) is int)
                 and type(ips) is lst and all(type(x) is t for x in ips)
                 and (cache_dir is None or type(cache_dir) is t)):
             return None

@@ -50,8 +50,11 @@ _ZONES = ("", "Z", "+00:00", "-00:00")
 
 
 def iso_now() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+    return iso_at(time.time())
+
+
+def iso_at(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1e6):06d}Z"
 
 
 def parse_time(text: Any) -> float:
@@ -223,6 +226,29 @@ def left(why: str) -> dict[str, Any]:
     return {"at": iso_now(), "why": why[:MAX_TEXT]}
 
 
+HELD_FIRST_SECONDS = 60.0  # the first look again at what something not ours holds; doubled each time after
+HELD_MAX_SECONDS = 3600.0
+
+
+def held(why: str, record: Record) -> dict[str, Any]:
+    """A dead attachment's leftover that something not ours holds (a rule of someone else's jumps to its
+    chain, a rule without its tag is in it): the record stays, and a verb's sweep looks at it again once
+    `retryAt` has passed (an operator's sweep and GC at once); `tries`: the clean-ups that found it held."""
+    before = record.get("left") or {}
+    tries = before.get("tries", 0) + 1 if "retryAt" in before else 1
+    wait = min(HELD_FIRST_SECONDS * 2 ** min(tries - 1, 16), HELD_MAX_SECONDS)
+    return {"at": iso_now(), "why": why[:MAX_TEXT], "retryAt": iso_at(time.time() + wait), "tries": tries}
+
+
+def left_mark(record: Record) -> bool | float:
+    """What a record's `left` says to a judgement: False (nothing), True (left for the runtime's DEL or GC), or
+    the time after which a sweep looks at what is held again (held())."""
+    mark = record.get("left")
+    if mark is None:
+        return False
+    return parse_time(mark["retryAt"]) if "retryAt" in mark else True
+
+
 def key(record: Record) -> tuple[str, str, str]:
     return (record["network"], record["containerID"], record["ifname"])
 
@@ -290,6 +316,7 @@ _RECORD = {1: frozenset(("schema", "network", "containerID", "ifname", "current"
                          "pluginVersion", "deleted"))}
 _RECORD_OPTIONAL = {1: frozenset(), 2: frozenset(("left",))}
 _LEFT = frozenset(("at", "why"))
+_LEFT_HELD = frozenset(("retryAt", "tries"))
 _SETTINGS = frozenset(("ipamDataDir", "cniCacheDir", "backend"))
 _TOMBSTONE = {1: frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings")),
               2: frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings", "verify", "cached"))}
@@ -374,6 +401,16 @@ def _tombstone_problem(dead: Any, schema: int) -> bool:
     return not all(isinstance(v, bool) or (k == "cached" and v is None) for k, v in dead.items() if k != "at")
 
 
+def _left_problem(left: Any) -> bool:
+    if left is None:
+        return False
+    if not (_keys(left, _LEFT) or _keys(left, _LEFT | _LEFT_HELD)):
+        return True
+    if not (_time_ok(left["at"]) and _text(left["why"])):
+        return True
+    return "retryAt" in left and not (_time_ok(left["retryAt"]) and _is_int(left["tries"]) and 1 <= left["tries"] <= 1 << 30)
+
+
 def problem(data: Any) -> str | None:
     """Why `data` is not a record (None when it is one): what models.Record (schema 2) and models.RecordV1 say,
     in plain Python."""
@@ -382,8 +419,7 @@ def problem(data: Any) -> str | None:
     schema = data["schema"]
     if not _keys(data, _RECORD[schema], _RECORD_OPTIONAL[schema]):
         return "not an object with exactly the record's keys"
-    left = data.get("left")
-    if left is not None and not (_keys(left, _LEFT) and _time_ok(left["at"]) and _text(left["why"])):
+    if _left_problem(data.get("left")):
         return "bad left"
     head = _head_problem(data, schema)
     if head:

@@ -220,6 +220,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 
 STATE_WORDS = {"live": "live", "dead": "dead", "unknown": "unknown", "left": "dead (left for the runtime's DEL or GC)",
+               "held": "dead (held by something not ours)",
                "tombstone-done": "torn down",
                "tombstone-expired": "torn down (DEL failed)", "tombstone-wait": "torn down (DEL running)"}
 
@@ -258,6 +259,8 @@ def cmd_list(args) -> int:
         for i in items:
             if i["state"] == "unknown":
                 print(f"{i['containerID']}: cannot be judged: {i['why']}", file=sys.stderr)
+            elif i["state"] == STATE_WORDS["held"]:
+                print(f"{i['containerID']}: {i['why']}", file=sys.stderr)
     print(backends_line(contexts[0].conf.backend))
     return EXIT_ERROR if skipped else EXIT_OK
 
@@ -337,7 +340,7 @@ def cmd_sweep(args) -> int:
     contexts, skipped = _contexts(args)
     log.begin(contexts[0].conf.logFile if args.apply else None, stderr=False, verb="sweep")
     total = Outcome()
-    view = View()
+    view = View(at_once=True)  # what something not ours held is looked at now, not at its retry time
     for group in _by_state_dir(contexts).values():
         if args.apply:
             log.begin(group[0].conf.logFile, stderr=False, verb="sweep")
@@ -351,12 +354,15 @@ def cmd_sweep(args) -> int:
     if args.json:
         print(json.dumps({"applied": args.apply, "attachments": groups, "count": count, "errors": total.errors,
                           "skipped": total.skipped, "unknown": total.unknown, "backends": backends,
+                          "held": {" ".join(k).strip(): why for k, why in total.held.items()},
                           "observed": {" ".join(k): v for k, v in total.would.items()},
                           "networks": [c.network for c in contexts if c.network]}, indent=1))
     else:
         _print_sweep(args, groups, count, total, backends)
     if total.errors or total.unverified:
         return EXIT_LEFT if args.apply else EXIT_ERROR
+    if total.held and args.apply:
+        return EXIT_LEFT
     if skipped:
         return EXIT_ERROR
     if total.unknown:
@@ -378,6 +384,9 @@ def _print_sweep(args, groups: dict, count: int, total, backends: dict) -> None:
             print(f"  - {item}")
     for err in total.errors:
         print(f"error: {err}", file=sys.stderr)
+    for owner, why in total.held.items():
+        print(f"{' '.join(owner).strip()}: left in place, something not ours holds it: {why} (its record is kept; "
+              "remove what holds it, then sweep again)", file=sys.stderr)
     for why, n in sorted(total.unknown.items()):
         print(f"cannot judge {n} attachment(s): {why}; nothing that depends on it was removed "
               "(run where the runtime runs: the host's mount and network namespaces, /proc mounted)", file=sys.stderr)
@@ -388,7 +397,7 @@ def _print_sweep(args, groups: dict, count: int, total, backends: dict) -> None:
 
 
 def cmd_metrics(args) -> int:
-    from cni_reaper.reap.evidence import DEAD, EXPIRED, LEFT, LIVE, UNKNOWN, View
+    from cni_reaper.reap.evidence import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN, View
     from cni_reaper.state.counters import load as load_counters
     from cni_reaper.state.record import key
     from cni_reaper.state.store import Store
@@ -397,7 +406,7 @@ def cmd_metrics(args) -> int:
     contexts, skipped = _contexts(args)
     counters: list[dict] = []
     records: dict[tuple[str, str], int] = {}
-    word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead", UNKNOWN: "unknown", LEFT: "left"}
+    word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead", UNKNOWN: "unknown", LEFT: "left", HELD: "held"}
     view = View()
     for state_dir, group in _by_state_dir(contexts).items():
         if not os.path.isdir(state_dir):

@@ -212,7 +212,7 @@ def check_log_file(network: str, path: str) -> Finding:
 
 
 def check_records(state_dir: str, networks: list[str], states: list[tuple[str, str]]) -> Finding:
-    from cni_reaper.reap.evidence import DEAD, EXPIRED, LEFT, LIVE, UNKNOWN
+    from cni_reaper.reap.evidence import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
 
     label = ", ".join(networks)
     if not os.path.isdir(state_dir):
@@ -227,6 +227,11 @@ def check_records(state_dir: str, networks: list[str], states: list[tuple[str, s
     if dead:
         return Finding(WARN, "dead-records", label, f"{dead} dead attachment(s) in {state_dir} wait for a sweep "
                        f"({live} live)", "the next CNI call on this client cleans them, or now: cni-reaper sweep --apply")
+    held = [why for s, why in states if s == HELD]
+    if held:
+        return Finding(WARN, "dead-records", label, f"{len(held)} dead attachment(s) in {state_dir} keep a leftover "
+                       f"that something not ours holds: {held[0]}", "remove what holds it (the foreign rule), then "
+                       "cni-reaper sweep --apply (the next CNI calls look again on their own, at most hourly)")
     left = [why for s, why in states if s == LEFT]
     if left:
         return Finding(WARN, "dead-records", label, f"{len(left)} dead attachment(s) in {state_dir} left for the "

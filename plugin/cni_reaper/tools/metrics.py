@@ -94,11 +94,11 @@ def exposition(counters: dict, records: dict[tuple[str, str], int], networks: li
     family("cni_reaper_counters_since_timestamp_seconds", "gauge",
            "When the counters started (they restart if the state directory's .metrics is lost).",
            [("", {}, float(counters["since"]))])
-    states = ("live", "dead", "unknown", "left", "torn_down")
+    states = ("live", "dead", "unknown", "left", "held", "torn_down")
     family("cni_reaper_records", "gauge",
            "Records by state: live (netns alive), dead (netns gone: cleaned on the next sweep), unknown (cannot be "
            "judged from where the metrics were read), left (dead, its leftovers wait for the runtime's DEL or GC), "
-           "torn_down (DEL ran).",
+           "held (dead, something not ours holds a leftover: looked at again later), torn_down (DEL ran).",
            [("", {"network": n, "state": st}, records.get((n, st), 0)) for n in shown for st in states])
     return "\n".join(lines) + "\n"
 

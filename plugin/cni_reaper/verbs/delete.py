@@ -75,7 +75,7 @@ def _finished(record: dict[str, Any], outcome: Outcome | None) -> bool:
         return False
     k = key(record)
     mine = f"{k[0]} {k[1]}"
-    return (k not in outcome.kept and k not in outcome.would and not outcome.errors
+    return (k not in outcome.kept and k not in outcome.would and k not in outcome.held and not outcome.errors
             and not any(m == mine or m.startswith(mine + " ") or m.startswith(mine + ":") for m in outcome.skipped))
 
 

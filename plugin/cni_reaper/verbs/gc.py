@@ -69,7 +69,8 @@ def run(inv: Invocation) -> None:
             mine = [r for r in records if r["network"] == conf.name]
             verdicts = {key(r): (DEAD, "not among the runtime's valid attachments (GC)") for r in mine
                         if not holds(valid, r["containerID"], r["ifname"])}
-            sel = select(records, View(), {conf.name: conf}, conf, verdicts=verdicts)
+            # GC looks at once at what something not ours held (as an operator's sweep does)
+            sel = select(records, View(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)
             live = {(k[1], k[2]) for k in sel.holders if k[0] == conf.name}
             live |= {j.key[1:] for j in sel.judged if j.key[0] == conf.name and j.state in HOLDING}
             recorded = {(r["network"], r["containerID"]) for r in mine}

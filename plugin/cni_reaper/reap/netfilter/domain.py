@@ -25,6 +25,7 @@ NATIVE_KINDS = {"masq": "nftables_masquerade", "dnat": "nftables_dnat"}
 class Plan(Protocol):
     ops: list[Any]
     skipped: list[str]
+    held: dict[tuple[str, str], str]  # owner -> why a leftover of it is held by something not ours
 
 
 class Domain(Protocol):

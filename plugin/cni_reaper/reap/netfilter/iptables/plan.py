@@ -37,11 +37,14 @@ def parse_tag(comment: str) -> tuple[str | None, str, str] | None:
 
 
 class Plan:
-    __slots__ = ("ops", "skipped")
+    __slots__ = ("held", "ops", "skipped")
 
     def __init__(self) -> None:
         self.ops: list[Op] = []
         self.skipped: list[str] = []  # what was left on purpose, and why
+        # owner -> why: a dead chain left because something not ours holds it (a rule of someone else's jumps
+        # to it, or is in it): its record stays and a later sweep looks again
+        self.held: dict[tuple[str, str], str] = {}
 
 
 def _family_ips(ips: frozenset[str], family: int) -> set[str]:
@@ -79,15 +82,19 @@ class _Builder:
             return
         refs = self.remaining_refs(table, chain)
         if refs:
-            self.plan.skipped.append(f"{table_name} {chain}: still referenced by {len(refs)} rule(s) we do not own")
+            self._hold(owner, f"{table_name} {chain}: still referenced by {len(refs)} rule(s) we do not own")
             return
         if tag is not None:
             foreign = [r for r in table.chains[chain] if r.comment != tag]
             if foreign:
-                self.plan.skipped.append(f"{table_name} {chain}: holds {len(foreign)} rule(s) without its owner tag")
+                self._hold(owner, f"{table_name} {chain}: holds {len(foreign)} rule(s) without its owner tag")
                 return
         self._chains.add((table_name, chain))
         self.plan.ops.append(chain_op(table_name, chain, owner, what, part))
+
+    def _hold(self, owner: tuple[str, str], why: str) -> None:
+        self.plan.skipped.append(why)
+        self.plan.held[owner] = why
 
     # -- per artifact -----------------------------------------------------------------------------
     def masq(self, t: Target, ips: set[str]) -> None:

@@ -9,11 +9,12 @@ from cni_reaper.reap.targets import Target
 
 
 class NativePlan:
-    __slots__ = ("ops", "skipped")
+    __slots__ = ("held", "ops", "skipped")
 
     def __init__(self) -> None:
         self.ops: list[NativeOp] = []
         self.skipped: list[str] = []
+        self.held: dict[tuple[str, str], str] = {}  # no native rule is ever held by something not ours
 
 
 class _Native:

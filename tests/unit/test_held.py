@@ -1,0 +1,47 @@
+"""A leftover held by something not ours (a foreign jump to a dead chain): the record's mark, and what the
+judgement makes of it. Pure: no root, no namespace."""
+
+from __future__ import annotations
+
+import pytest
+
+from cni_reaper.reap.evidence import DEAD, DONE, EXPIRED, HELD, LEFT, LIVE, UNKNOWN, WAIT, judge_left
+from cni_reaper.state import record
+
+
+class _View:
+    def __init__(self, at_once: bool = False) -> None:
+        self.at_once = at_once
+
+
+@pytest.mark.parametrize(("state", "left", "tombstoned", "at_once", "now", "want"), [
+    (DEAD, False, False, False, 0.0, None),  # no mark: the evidence stands
+    (DEAD, True, False, False, 0.0, LEFT),  # left for the runtime's DEL or GC
+    (DONE, True, True, False, 0.0, None),  # ... which a tombstone has taken over
+    (LIVE, True, False, False, 0.0, None),  # alive wins over any mark
+    (DEAD, 100.0, False, False, 99.0, HELD),  # held, before its time
+    (DONE, 100.0, True, False, 99.0, HELD),  # torn down and held
+    (EXPIRED, 100.0, True, False, 99.0, HELD),
+    (DEAD, 100.0, False, False, 100.0, None),  # its time has come: judged again as any dead one
+    (DEAD, 100.0, False, True, 0.0, None),  # an operator's sweep, GC: at once
+    (LIVE, 100.0, False, False, 0.0, None),
+    (UNKNOWN, 100.0, False, False, 0.0, None),  # what cannot be judged stays so
+    (WAIT, 100.0, True, False, 0.0, None),
+])
+def test_what_a_mark_makes_of_a_judgement(state, left, tombstoned, at_once, now, want):
+    assert judge_left(state, left, tombstoned, _View(at_once), now) == want
+
+
+def test_the_wait_doubles_up_to_an_hour_and_every_mark_reads_back():
+    rec: dict = {"left": None}
+    waits = []
+    for tries in range(1, 10):
+        mark = record.held("ipv4 nat CNI-1: still referenced by 1 rule(s) we do not own", rec)
+        assert mark["tries"] == tries
+        waits.append(record.parse_time(mark["retryAt"]) - record.parse_time(mark["at"]))
+        rec = {"left": mark}
+        assert record.left_mark(rec) == record.parse_time(mark["retryAt"])
+    assert [round(w) for w in waits] == [60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]
+    # a mark left for the runtime does not count as a try
+    assert record.held("x", {"left": record.left("y")})["tries"] == 1
+    assert record.left_mark({"left": record.left("y")}) is True and record.left_mark({}) is False
