@@ -18,7 +18,8 @@ pytestmark = pytest.mark.usefixtures("private_host")  # verbs in process: a thro
 
 HEAVY = ("pydantic", "pydantic_core", "pyroute2", "iptc", "ipaddress", "subprocess", "datetime", "hashlib",
          "cni_reaper.reap.cleanup", "cni_reaper.reap.netfilter", "cni_reaper.models", "cni_reaper.reap.conntrack",
-         "socket", "re", "json", "enum", "typing", "dataclasses", "inspect", "contextlib", "argparse")
+         "socket", "re", "json", "enum", "typing", "dataclasses", "inspect", "contextlib", "argparse", "selectors",
+         "threading", "signal", "functools", "collections", "_hashlib")
 
 PROBE = """
 import io, sys
@@ -70,8 +71,12 @@ def test_a_del_that_must_clean_does_load_the_machinery(tmp_path):
     dead = run_verb("DEL", conf(state), netns="/var/run/netns/gone-for-good")
     assert dead["rc"] == 0 and "cni_reaper.reap.cleanup" in dead["heavy"]
     # and even then nothing for the classes' or the types' sake: dataclasses (with inspect, ast, tokenize),
-    # typing and json cost a cleaning call ~12 ms of imports (cni_reaper/reap/values.py)
-    assert not {"dataclasses", "inspect", "typing", "json"} & set(dead["heavy"]), dead["heavy"]
+    # typing and json cost a cleaning call ~12 ms of imports (cni_reaper/reap/values.py); nor for running the
+    # tools (subprocess: signal, enum, threading, selectors, contextlib), the chains' names (hashlib: OpenSSL),
+    # conntrack's netlink socket (socket: selectors, enum) or a lock (contextlib: collections, functools):
+    # another ~18 ms (Python 3.9)
+    assert not {"dataclasses", "inspect", "typing", "json", "subprocess", "signal", "enum", "threading", "selectors",
+                "contextlib", "hashlib", "_hashlib", "socket", "collections", "functools"} & set(dead["heavy"]), dead["heavy"]
 
 
 WRAP_PROBE = """

@@ -15,9 +15,9 @@ take over 2 s (this module: see README, Performance).
 
 from __future__ import annotations
 
+import _socket as socket  # the C module: `socket` imports selectors and enum, milliseconds on every clean-up
 import errno
 import os
-import socket
 import struct
 
 NETLINK_NETFILTER = 12

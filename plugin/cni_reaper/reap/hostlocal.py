@@ -11,11 +11,10 @@ host-local's lock, and only when it is the very file the claims (claims.py) say 
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack, contextmanager
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable
 
 from cni_reaper.errors import TRY_AGAIN_LATER, CniError
 from cni_reaper.locking import flock_within
@@ -43,33 +42,39 @@ class NetworkDir:
         self.data_dir, self.network = data_dir, network
         self.fd = probes.open_network_dir(data_dir, network)
         self.ident: tuple[int, int] | None = None
+        self._lock: int | None = None
         if self.fd is not None:
             st = os.fstat(self.fd)
             self.ident = (st.st_dev, st.st_ino)
 
     def close(self) -> None:
+        """Let go of host-local's lock (if held) and of the directory."""
+        if self._lock is not None:
+            os.close(self._lock)  # closing the fd releases the flock
+            self._lock = None
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
 
-    @contextmanager
-    def locked(self, timeout: float) -> Iterator[NetworkDir]:
-        """Hold host-local's lock for this network (nothing to hold when the directory does not exist)."""
-        if self.fd is None:
-            yield self
+    def lock(self, timeout: float) -> None:
+        """Hold host-local's lock for this network until close() (nothing to hold when the directory does not
+        exist). CniError (11) when it cannot be had within `timeout`."""
+        if self.fd is None or self._lock is not None:
             return
         try:
             lfd = os.open(LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
         except OSError as exc:
             raise CniError(TRY_AGAIN_LATER, f"cannot open host-local's lock of {self.data_dir}/{self.network}: "
                            f"{exc.strerror}") from None
-        try:
-            if not flock_within(lfd, timeout):
-                raise CniError(TRY_AGAIN_LATER, f"host-local's lock of {self.data_dir}/{self.network} is held",
-                               f"waited {timeout:g}s; retry")
-            yield self
-        finally:
+        if not flock_within(lfd, timeout):
             os.close(lfd)
+            raise CniError(TRY_AGAIN_LATER, f"host-local's lock of {self.data_dir}/{self.network} is held",
+                           f"waited {timeout:g}s; retry")
+        self._lock = lfd
+
+    def locked(self, timeout: float) -> _Held:
+        """Hold host-local's lock for this network (a context manager; the directory stays open after)."""
+        return _Held(self, timeout)
 
     def get(self, ip: str) -> Reservation | None:
         if self.fd is None:
@@ -134,23 +139,51 @@ def networks_in(data_dir: str) -> list[str]:
         return []
 
 
-@contextmanager
-def locked_dirs(pairs: Iterable[tuple[str, str]], timeout: float) -> Iterator[dict[tuple[str, str], NetworkDir]]:
+class _Held:
+    """NetworkDir.locked's context manager (classes, not contextlib: its imports cost a clean-up milliseconds)."""
+
+    def __init__(self, d: NetworkDir, timeout: float) -> None:
+        self.d, self.timeout = d, timeout
+
+    def __enter__(self) -> NetworkDir:
+        self.d.lock(self.timeout)
+        return self.d
+
+    def __exit__(self, *exc: object) -> None:
+        if self.d._lock is not None:
+            os.close(self.d._lock)
+            self.d._lock = None
+
+
+class locked_dirs:  # lower case: used as a function, `with locked_dirs(pairs, timeout) as dirs`
     """Open and lock the (dataDir, network) directories, in one order for everyone (by the data dir's real path,
-    then network);
-    a directory reached by two paths is locked once and answers for both."""
-    with ExitStack() as stack:
+    then network); a directory reached by two paths is locked once and answers for both. All are let go (in
+    the reverse order) on the way out, and those already held when one cannot be had."""
+
+    def __init__(self, pairs: Iterable[tuple[str, str]], timeout: float) -> None:
+        self.pairs, self.timeout = set(pairs), timeout
+        self.held: list[NetworkDir] = []
+
+    def __enter__(self) -> dict[tuple[str, str], NetworkDir]:
         out: dict[tuple[str, str], NetworkDir] = {}
         seen: dict[tuple[int, int], NetworkDir] = {}
-        for data_dir, network in sorted(set(pairs), key=lambda p: (os.path.realpath(p[0]), p[1])):
-            d = NetworkDir(data_dir, network)
-            if d.ident is not None and d.ident in seen:
-                d.close()
-                out[(data_dir, network)] = seen[d.ident]
-                continue
-            stack.callback(d.close)
-            stack.enter_context(d.locked(timeout))
-            if d.ident is not None:
-                seen[d.ident] = d
-            out[(data_dir, network)] = d
-        yield out
+        try:
+            for data_dir, network in sorted(self.pairs, key=lambda p: (os.path.realpath(p[0]), p[1])):
+                d = NetworkDir(data_dir, network)
+                if d.ident is not None and d.ident in seen:
+                    d.close()
+                    out[(data_dir, network)] = seen[d.ident]
+                    continue
+                self.held.append(d)
+                d.lock(self.timeout)
+                if d.ident is not None:
+                    seen[d.ident] = d
+                out[(data_dir, network)] = d
+        except BaseException:
+            self.__exit__()
+            raise
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        while self.held:
+            self.held.pop().close()

@@ -6,7 +6,10 @@ Chain names are deterministic: "CNI-" + prefix + sha512(network + containerID) i
 
 from __future__ import annotations
 
-import hashlib
+try:  # the builtin digest module: hashlib loads OpenSSL, milliseconds on every clean-up (the release's Python)
+    from _sha512 import sha512
+except ImportError:  # Python 3.12+ has it in _sha2; hashlib is right too, only slower to import
+    from hashlib import sha512
 
 MAX_CHAIN_LEN = 28
 # Chains the plugins share between all containers: never deleted, their jumps never touched.
@@ -17,7 +20,7 @@ SHARED = frozenset({
 
 
 def _chain(prefix: str, network: str, container_id: str) -> str:
-    digest = hashlib.sha512((network + container_id).encode()).hexdigest()
+    digest = sha512((network + container_id).encode()).hexdigest()
     return ("CNI-" + prefix + digest)[:MAX_CHAIN_LEN]
 
 

@@ -9,9 +9,9 @@ For legacy, restore takes the xtables lock itself (`-w`), so a concurrent writer
 from __future__ import annotations
 
 import os
-import subprocess
 
 from cni_reaper.reap.netfilter import flavour as flavours
+from cni_reaper.reap.netfilter import tools
 from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
 from cni_reaper.reap.netfilter.iptables.rules import Op, Table, by_table, parse_save
 
@@ -34,18 +34,16 @@ class SaveRestoreBackend:
         return path
 
     def _run(self, argv: list[str], stdin: str | None = None) -> str:
-        env = dict(os.environ, LC_ALL="C")
         try:
-            proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env, timeout=TIMEOUT_SECONDS,
-                                  check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            proc = tools.run(argv, stdin, TIMEOUT_SECONDS)
+        except OSError as exc:
             raise BackendError(f"{os.path.basename(argv[0])}: {exc}") from None
-        if proc.returncode != 0:
-            message = f"{os.path.basename(argv[0])} exited {proc.returncode}: {proc.stderr.strip()[:500]}"
-            if proc.returncode == 4 and "xtables lock" in proc.stderr:
+        if proc.code != 0:
+            message = f"{os.path.basename(argv[0])} exited {proc.code}: {proc.err.strip()[:500]}"
+            if proc.code == 4 and "xtables lock" in proc.err:
                 raise LockHeld(message)
             raise BackendError(message)
-        return proc.stdout
+        return proc.out
 
     def read(self, family: int) -> dict[str, Table]:
         # one process for all tables: cheaper than one per table. A save equal to the last one (but for its

@@ -5,15 +5,8 @@ rules: nothing is read there (no `nft` run at all without the binary; a listing 
 
 from __future__ import annotations
 
-import os
-import subprocess
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
 from cni_reaper import jsonio
-from cni_reaper.reap.netfilter import flavour
+from cni_reaper.reap.netfilter import flavour, tools
 from cni_reaper.reap.netfilter.interface import BackendError
 from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRule, parse_json, script
 
@@ -29,13 +22,12 @@ class NftBackend:
     def _run(self, argv: list[str], stdin: str | None = None) -> str:
         assert self.binary
         try:
-            proc = subprocess.run([self.binary, *argv], input=stdin, capture_output=True, text=True, check=False,
-                                  env=dict(os.environ, LC_ALL="C"), timeout=TIMEOUT_SECONDS)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            proc = tools.run([self.binary, *argv], stdin, TIMEOUT_SECONDS)
+        except OSError as exc:
             raise BackendError(f"nft: {exc}") from None
-        if proc.returncode != 0:
-            raise BackendError(f"nft {' '.join(argv[:3])} exited {proc.returncode}: {proc.stderr.strip()[:500]}")
-        return proc.stdout
+        if proc.code != 0:
+            raise BackendError(f"nft {' '.join(argv[:3])} exited {proc.code}: {proc.err.strip()[:500]}")
+        return proc.out
 
     def tables(self) -> set[tuple[str, str]]:
         """(family, name) of every nftables table (none without an nft binary)."""
@@ -72,27 +64,13 @@ class NftBackend:
         return rules
 
     def _run_all(self, argvs: list[list[str]]) -> list[tuple[int, str, str]]:
-        """(exit status, output, error output) of each nft command, all run at once, their pipes read as they
-        fill (one poll for all: a pipe left full would hold its writer)."""
+        """(exit status, output, error output) of each nft command, all run at once."""
         assert self.binary
-        env = dict(os.environ, LC_ALL="C")
-        procs: list[subprocess.Popen] = []
         try:
-            for argv in argvs:
-                procs.append(subprocess.Popen([self.binary, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, env=env))
-            texts = _drain([pipe for p in procs for pipe in (p.stdout, p.stderr)], TIMEOUT_SECONDS)
-            return [(p.wait(), texts[2 * k], texts[2 * k + 1]) for k, p in enumerate(procs)]
+            done = tools.run_all([[self.binary, *argv] for argv in argvs], timeout=TIMEOUT_SECONDS)
         except OSError as exc:
             raise BackendError(f"nft: {exc}") from None
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                for pipe in (proc.stdout, proc.stderr):
-                    if pipe is not None:
-                        pipe.close()
+        return [(d.code, d.out, d.err) for d in done]
 
     def add(self, rules: list[dict]) -> None:
         """Add rules given as nftables JSON (what `nft -j list` gives, without handles), in one transaction."""
@@ -103,25 +81,3 @@ class NftBackend:
         if ops:
             self._run(["-f", "-"], script(ops))
 
-
-def _drain(pipes: list[Any], timeout: float) -> list[str]:
-    """Everything each pipe gives until its end, all read side by side (BackendError after `timeout`)."""
-    import selectors
-    import time
-
-    chunks: dict[int, list[bytes]] = {pipe.fileno(): [] for pipe in pipes}
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        for fd in chunks:
-            sel.register(fd, selectors.EVENT_READ)
-        while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BackendError(f"nft: no answer within {timeout:g} s")
-            for key, _ in sel.select(left):
-                data = os.read(key.fd, 1 << 16)
-                if data:
-                    chunks[key.fd].append(data)
-                else:
-                    sel.unregister(key.fd)
-    return [b"".join(chunks[pipe.fileno()]).decode("utf-8", "replace") for pipe in pipes]

@@ -12,8 +12,7 @@ The tables, their hook chains and every rule without such a comment belong to ev
 
 from __future__ import annotations
 
-import hashlib
-
+from cni_reaper.reap.netfilter.chains import sha512
 from cni_reaper.reap.values import Value
 
 TYPE_CHECKING = False
@@ -29,7 +28,7 @@ TABLES = (MASQ_TABLE, *HOSTPORT_TABLES)
 
 
 def _hash(text: str) -> str:
-    return hashlib.sha512(text.encode()).hexdigest()[:16]
+    return sha512(text.encode()).hexdigest()[:16]
 
 
 def masq_hash(network: str, ifname: str, container_id: str) -> str:
