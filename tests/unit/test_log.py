@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cni_reaper import log
 
 
@@ -39,8 +41,8 @@ def test_the_records_dropped_are_told_even_when_a_later_one_cannot_be_trimmed(tm
             self.key, self.state, self.why, self.record = ("nomad", cid, "eth0"), state, "its netns is gone", {}
 
     class Store:
-        def remove(self, *key, sync=True):
-            pass
+        def remove_all(self, keys):
+            return [OSError(13, "Permission denied") if k[1] == "x" else None for k in keys]
 
         def save(self, record):
             raise OSError(28, "No space left on device")
@@ -58,5 +60,11 @@ def test_the_records_dropped_are_told_even_when_a_later_one_cannot_be_trimmed(tm
         sweep._settle_all(Store(), due, Journal())
     except OSError:
         pass
+    lines = [json.loads(x) for x in (tmp_path / "x.log").read_text().splitlines()]
+    assert [(x["msg"], x["containerID"]) for x in lines] == [("record dropped", "a"), ("record dropped", "b")]
+    # one of a batch that cannot be removed: the others are told, and the failure is raised
+    (tmp_path / "x.log").unlink()
+    with pytest.raises(OSError):
+        sweep._settle_all(Store(), [(Judged("a", DEAD), []), (Judged("x", DEAD), []), (Judged("b", DEAD), [])], Journal())
     lines = [json.loads(x) for x in (tmp_path / "x.log").read_text().splitlines()]
     assert [(x["msg"], x["containerID"]) for x in lines] == [("record dropped", "a"), ("record dropped", "b")]

@@ -254,7 +254,9 @@ def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], 
 
 def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, str], NetworkDir], settings: Settings,
                  outcome: Outcome) -> list[int]:
-    """Remove the reservations `due`, journaled first, a batch at a time; the indexes of those removed."""
+    """Remove the reservations `due`, journaled first, a batch at a time (each batch side by side: pool.py);
+    the indexes of those removed."""
+    from cni_reaper import pool
     from cni_reaper.state.journal import batches
 
     items = [{"kind": "reservation", "key": list(t.key), "dataDir": r.data_dir, "network": r.network, "ip": r.ip,
@@ -268,7 +270,9 @@ def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, st
                 outcome.errors.append(f"the journal cannot be written ({exc.strerror}); reservation {r.ip} kept")
                 outcome.failed.add(t.key)
             break
-        done = [i for i in range(start, end) if dirs[(due[i][1].data_dir, due[i][1].network)].release(due[i][1])]
+        gone = pool.each(lambda i: dirs[(due[i][1].data_dir, due[i][1].network)].release(due[i][1]),
+                          list(range(start, end)))
+        done = [i for i, went in zip(range(start, end), gone) if went]
         settings.noted(event, [i - start for i in done])
         released += done
     return released

@@ -388,18 +388,18 @@ def _settle_all(store: Store, due: list[tuple[Judged, list[dict[str, Any]]]], jo
             event = journal.intent(log.field("verb"), items[start:end], dumped)
         except OSError:
             return dropped  # not noted: the records stay, and so they are looked at again
-        lines: list[dict[str, Any]] = []
-        try:
-            for j, kept in due[start:end]:
-                k = j.key
-                if j.state in SWEEPABLE:
-                    store.remove(*k, sync=False)
-                    lines.append({"network": k[0], "containerID": k[1], "ifname": k[2], "state": j.state, "why": j.why})
-                    dropped.append(j)
-                else:
-                    store.save(dict(j.record, earlier=kept))
-        finally:  # the records dropped are told even when a later one of the batch cannot be trimmed
-            log.each("info", "record dropped", lines)
+        gone = [j for j, _ in due[start:end] if j.state in SWEEPABLE]
+        errors = store.remove_all([j.key for j in gone])
+        went = [j for j, error in zip(gone, errors) if error is None]
+        dropped += went
+        log.each("info", "record dropped", [{"network": j.key[0], "containerID": j.key[1], "ifname": j.key[2],
+                                             "state": j.state, "why": j.why} for j in went])
+        failed = next((error for error in errors if error is not None), None)
+        if failed is not None:  # the others of the batch went: the next sweep looks at those that did not
+            raise failed
+        for j, kept in due[start:end]:
+            if j.state not in SWEEPABLE:
+                store.save(dict(j.record, earlier=kept))
         journal.done(event, list(range(end - start)))
     return dropped
 

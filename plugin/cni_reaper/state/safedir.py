@@ -176,6 +176,16 @@ class SafeDir:
         except FileNotFoundError:
             return False
 
+    def unlink_or_error(self, name: str) -> OSError | None:
+        """unlink() that returns what kept the file (None: it is gone, or there was none)."""
+        try:
+            os.unlink(name, dir_fd=self.dfd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            return exc
+        return None
+
     def rename(self, name: str, new: str) -> None:
         os.rename(name, new, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
 

@@ -96,6 +96,19 @@ class Store:
         if gone and sync:
             self.dir.sync()
 
+    def remove_all(self, keys: list[tuple[str, str, str]]) -> list[OSError | None]:
+        """Delete these records side by side (pool.each: a sweep drops a thousand); the index learns of every one
+        that is gone. Per key, None (gone, or there was none) or the OSError that kept it. sync() after."""
+        from cni_reaper import pool
+
+        names = [record_name(*k) for k in keys]
+        errors = pool.each(self.dir.unlink_or_error, names)
+        if self.index is not None:
+            for name, error in zip(names, errors):
+                if error is None and name in self.index.inos:
+                    self.index.set(name, None, write=False)
+        return errors
+
     def sync(self) -> None:
         """Make removals durable (and the index current)."""
         self.dir.sync()
