@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from cni_reaper import pool
+from cni_reaper.state import pool
 from cni_reaper.state.safedir import SafeDir
 
 

@@ -256,7 +256,7 @@ def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, st
                  outcome: Outcome) -> list[int]:
     """Remove the reservations `due`, journaled first, a batch at a time (each batch side by side: pool.py);
     the indexes of those removed."""
-    from cni_reaper import pool
+    from cni_reaper.state import pool
     from cni_reaper.state.journal import batches
 
     items = [{"kind": "reservation", "key": list(t.key), "dataDir": r.data_dir, "network": r.network, "ip": r.ip,

@@ -99,7 +99,7 @@ class Store:
     def remove_all(self, keys: list[tuple[str, str, str]]) -> list[OSError | None]:
         """Delete these records side by side (pool.each: a sweep drops a thousand); the index learns of every one
         that is gone. Per key, None (gone, or there was none) or the OSError that kept it. sync() after."""
-        from cni_reaper import pool
+        from cni_reaper.state import pool
 
         names = [record_name(*k) for k in keys]
         errors = pool.each(self.dir.unlink_or_error, names)
