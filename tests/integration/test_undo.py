@@ -87,8 +87,13 @@ def test_undo_puts_back_exactly_what_a_clean_up_removed(setup, how):
     newcomer = kill_and_clean(sb, how, conflist, cid, netns, other)
     after_clean = state(sb)
     assert without(sb, after_clean, newcomer) != before and sb.record(cid) is None, "nothing was cleaned"
-    kinds = {e["kind"] for e in json.loads(cli(sb, "journal", cid, "--json").stdout)}
+    journaled = json.loads(cli(sb, "journal", cid, "--json").stdout)
+    kinds = {e["kind"] for e in journaled}
     assert {"reservation", "record", "nft" if kind == "native" else "iptables"} <= kinds, kinds
+    # the native rules and the record as they were read (their text written as it is, jsonio.Raw): each rule
+    # with the handle nft printed, which undo leaves out when it adds the rule back
+    assert all("handle" in e["item"]["rule"] for e in journaled if e["kind"] == "nft")
+    assert [e["item"]["record"] for e in journaled if e["kind"] == "record"] == [record]
     dry = cli(sb, "undo", cid, "--dry-run")
     assert "would put back" in dry.stdout and state(sb) == after_clean
     out = cli(sb, "undo", cid)

@@ -252,3 +252,32 @@ def test_a_cached_result_that_cannot_be_read_keeps_its_reservation(conf, tmp_pat
                expect={"172.26.64.9": Expect(conf.ipamDataDir, ("dead-x", "eth0"))}, cache_dir=str(cache))
     out = clean([t], {}, settings(conf, lambda key: None))
     assert (ipam / "172.26.64.9").exists() and t.key in out.failed and any("cannot be read" in e for e in out.errors)
+
+
+def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(monkeypatch):
+    """A sweep journals each native rule as nft printed it, its handle in it; in an add, nft's JSON schema
+    reads a handle as the rule to add after (nft 1.0.6 here ignores it: a fake stands in for one that does
+    not), so undo leaves it out."""
+    from cni_reaper.reap.netfilter.nftables import backend
+    from cni_reaper.state.journal import Entry
+    from cni_reaper.tools import undo
+
+    added: list = []
+
+    class Nft:
+        def read(self):
+            return []
+
+        def add(self, rules):
+            added.extend(rules)
+
+    class Nobody:
+        def of(self, text):
+            return None
+
+    monkeypatch.setattr(backend, "NftBackend", Nft)
+    rule = {"family": "ip", "table": "cni_hostport", "chain": "hostports", "handle": 41, "comment": "alloc-1",
+            "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}}]}
+    item = {"kind": "nft", "family": "ip", "table": "cni_hostport", "chain": "hostports", "rule": rule, "what": "x"}
+    undo._native([Entry({"id": "e"}, 0, item)], Nobody(), undo.Report(), dry_run=False)
+    assert added == [{k: v for k, v in rule.items() if k != "handle"}]

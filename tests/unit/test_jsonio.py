@@ -72,3 +72,62 @@ def test_a_refusal_in_a_fresh_process_is_a_value_error():
             " else: raise SystemExit('accepted ' + t)\nprint('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip() == "ok", proc.stderr
+
+
+# -- what the sweeps journal as read: nft's listings element by element, values written as their text --------
+tagged_docs = st.lists(st.tuples(st.sampled_from(["rule", "table", "chain", "metainfo", "x,\"y"]), values), max_size=5)
+spacings = st.sampled_from([(", ", ": "), (",", ":"), (" ,\n ", " : ")])
+damages = st.sampled_from([None, "cut", "comma", "extra", "two-keys", "other-key", "not-object", "trailing"])
+
+
+def _render(doc, sep, colon) -> str:
+    items = sep.join("{" + json.dumps(tag) + colon + json.dumps(v, separators=(sep, colon)) + "}" for tag, v in doc)
+    return "{" + json.dumps("nftables") + colon + "[" + items + "]}"
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(tagged_docs, spacings, damages)
+def test_tagged_items_are_what_json_reads_or_none(doc, spacing, damage):
+    """Each element's tag, value and text agree with json.loads of the whole; a document of another shape,
+    or no JSON at all, gives None (the caller parses it whole then), never a wrong element."""
+    text = _render(doc, *spacing)
+    if damage == "cut":
+        text = text[:len(text) // 2]
+    elif damage == "comma":
+        text = text.replace("}]", "},]")
+    elif damage == "extra":
+        text += " {}"
+    elif damage == "two-keys" and doc:
+        text = text.replace("}]", ', "b": 1}]', 1)
+    elif damage == "other-key":
+        text = text.replace('"nftables"', '"nft"', 1)
+    elif damage == "not-object" and doc:
+        text = text.replace("[{", "[[", 1)
+    elif damage == "trailing":
+        text = text + "\n\t "
+    got = jsonio.tagged_items(text, "nftables")
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        assert got is None
+        return
+    shaped = (type(whole) is dict and list(whole) == ["nftables"] and type(whole["nftables"]) is list
+              and all(type(e) is dict and len(e) == 1 for e in whole["nftables"]))
+    if not shaped:
+        assert got is None
+        return
+    assert got is not None
+    assert [(t, v) for t, v, _ in got] == [next(iter(e.items())) for e in whole["nftables"]]
+    assert all(same(json.loads(raw), v) for _, v, raw in got)
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(values, max_size=4), values, st.booleans())
+def test_dumps_raw_writes_the_text_of_each_raw_value(raws, rest, mark_in_data):
+    """What dumps_raw writes reads back as the document with each Raw replaced by its text's value, whatever
+    the rest holds (the mark itself included)."""
+    spaced = [jsonio.Raw(json.dumps(v, indent=None, separators=(", ", ": ")), v) for v in raws]
+    doc = {"items": spaced, "rest": rest, "mark": "\x01cni-reaper raw\x01" if mark_in_data else "m"}
+    out = jsonio.dumps_raw(doc)
+    assert "\n" not in out
+    assert same(json.loads(out), {"items": raws, "rest": rest, "mark": doc["mark"]})

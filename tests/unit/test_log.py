@@ -41,6 +41,9 @@ def test_the_records_dropped_are_told_even_when_a_later_one_cannot_be_trimmed(tm
             self.key, self.state, self.why, self.record = ("nomad", cid, "eth0"), state, "its netns is gone", {}
 
     class Store:
+        def as_read(self, record):
+            return record
+
         def remove_all(self, keys):
             return [OSError(13, "Permission denied") if k[1] == "x" else None for k in keys]
 

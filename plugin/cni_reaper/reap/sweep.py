@@ -381,7 +381,7 @@ def _settle_all(store: Store, due: list[tuple[Judged, list[dict[str, Any]]]], jo
     the judged records that were dropped."""
     from cni_reaper.state.journal import batches
 
-    items = [{"kind": "record", "key": list(j.key), "record": j.record} for j, _ in due]
+    items = [{"kind": "record", "key": list(j.key), "record": store.as_read(j.record)} for j, _ in due]
     dropped: list[Judged] = []
     for start, end, dumped in batches(items):
         try:

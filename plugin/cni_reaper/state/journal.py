@@ -39,7 +39,7 @@ BATCH_BYTES = 1 << 20  # and about this many bytes: a record may be large, a lin
 def batches(items: list[dict[str, Any]]) -> list[tuple[int, int, list[str]]]:
     """The slices (start, end) of `items` to journal as one intent each, with their items as JSON (made once:
     what sizes the batches is what the intent writes)."""
-    dumped = [jsonio.dumps(item) for item in items]
+    dumped = [jsonio.dumps_raw(item) for item in items]
     out, start, size = [], 0, 0
     for i, text in enumerate(dumped):
         n = len(text)
@@ -66,7 +66,7 @@ class Journal:
     def _append(self, event: dict[str, Any], items: list[str] | None = None) -> None:
         """One line, fsynced; `items`: the event's items as JSON already (batches)."""
         sd = self.store.dir
-        text = jsonio.dumps(event)
+        text = jsonio.dumps_raw(event)
         if items is not None:
             text = text[:-1] + ',"items":[' + ",".join(items) + "]}"
         line = text.encode() + b"\n"

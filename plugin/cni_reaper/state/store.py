@@ -33,6 +33,7 @@ class Store:
         self.lock_timeout = lock_timeout
         self.index: Index | None = None  # while locked
         self.waited = 0.0  # how long the last lock() waited
+        self._read: dict[int, tuple[dict[str, Any], str]] = {}  # id(record) -> (it, its file's text): as_read()
 
     @property
     def root(self) -> str:
@@ -72,7 +73,18 @@ class Store:
         if why is not None:
             self._quarantine(name, why)
             return None
-        return upgrade(record)
+        out = upgrade(record)
+        if out is record:
+            text = data.decode("utf-8", "replace").rstrip("\n")
+            if jsonio.raw_line(text):
+                self._read[id(record)] = (record, text)
+        return out
+
+    def as_read(self, record: dict[str, Any]) -> Any:
+        """A record read by this store, with the text it was read from (jsonio.Raw: the journal writes it as it
+        is instead of encoding it again); the record itself when it was not read so (upgraded, made here)."""
+        found = self._read.get(id(record))
+        return jsonio.Raw(found[1], record) if found is not None and found[0] is record else record
 
     def save(self, record: dict[str, Any]) -> None:
         name = record_name(*key(record))

@@ -372,7 +372,7 @@ def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: boo
         elif held:
             report.no(e, held)
         else:
-            adds.append(rule)
+            adds.append({k: v for k, v in rule.items() if k != "handle"})  # journaled with its handle since 0.4
             ok.append(e)
             now.add(jsonio.dumps([rule.get("chain"), rule.get("expr")]))  # journaled twice: put back once
             report.ok(e, f"nft {e.item['family']} {e.item['table']} {e.item['chain']}: {e.item.get('what', '')}")

@@ -98,11 +98,16 @@ class NativeDomain:
         self.backend.apply(ops)
 
     def journal(self, snapshot: Any, ops: list[Any]) -> list[dict[str, Any]]:
+        """Each rule as nft printed it (its text written as it is: jsonio.Raw), its handle with it (undo adds
+        it back without: a handle in an add names the rule to add after)."""
+        from cni_reaper.jsonio import Raw
+
         by_handle = {(r.family, r.table, r.handle): r for r in snapshot}
         out = []
         for op in ops:
-            raw = getattr(by_handle.get((op.family, op.table, op.handle)), "raw", None) or {}
-            rule = {k: v for k, v in raw.items() if k != "handle"}
+            found = by_handle.get((op.family, op.table, op.handle))
+            raw = getattr(found, "raw", None) or {}
+            rule: Any = Raw(found.text, raw) if found is not None and found.text is not None else raw
             out.append({"kind": "nft", "family": op.family, "table": op.table, "chain": op.chain, "rule": rule,
                         "what": op.what})
         return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 from cni_reaper import jsonio
 from cni_reaper.reap.netfilter import flavour, tools
 from cni_reaper.reap.netfilter.interface import BackendError
-from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRule, parse_json, script
+from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRule, parse_listing, script
 
 TIMEOUT_SECONDS = 30
 
@@ -58,7 +58,7 @@ class NftBackend:
                     raise BackendError(f"nft list table {family} {name} exited {code}: {err.strip()[:500]}")
                 continue
             try:
-                rules += parse_json(jsonio.loads(out))
+                rules += parse_listing(out)
             except (ValueError, RecursionError) as exc:
                 raise BackendError(f"nft -j list table {family} {name}: unreadable output ({exc})") from None
         return rules

@@ -12,6 +12,7 @@ The tables, their hook chains and every rule without such a comment belong to ev
 
 from __future__ import annotations
 
+from cni_reaper import jsonio
 from cni_reaper.reap.netfilter.chains import sha512
 from cni_reaper.reap.values import Value
 
@@ -48,7 +49,8 @@ def masq_owner(comment: str) -> tuple[str, str, str] | None:
 
 
 class NativeRule(Value):
-    __slots__ = ("action", "chain", "comment", "daddr", "dnat_addr", "family", "handle", "raw", "saddr", "table")
+    __slots__ = ("action", "chain", "comment", "daddr", "dnat_addr", "family", "handle", "raw", "saddr", "table", "text")
+    _uncompared = ("text",)
 
     def __init__(self, family: str, table: str, chain: str, handle: int, comment: str | None, saddr: str | None,
                  daddr: str | None, dnat_addr: str | None, action: str | None, raw: Any) -> None:
@@ -59,6 +61,7 @@ class NativeRule(Value):
         self.dnat_addr = dnat_addr  # `dnat to X:port`
         self.action = action  # "masquerade", "dnat", or None
         self.raw = raw  # the rule as nft -j gave it (what undo adds back)
+        self.text: str | None = None  # and its JSON text as nft printed it, when read so (what the journal writes)
 
 
 def _match_addr(expr: dict, field: str) -> str | None:
@@ -93,6 +96,22 @@ def parse_rule(rule: dict) -> NativeRule | None:
                           comment if isinstance(comment, str) else None, saddr, daddr, dnat, action, rule)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+def parse_listing(text: str) -> list[NativeRule]:
+    """The rules of `nft -j list table ...` output, each with its own JSON text (ValueError when it is no JSON;
+    RecursionError when nested too deep)."""
+    items = jsonio.tagged_items(text, "nftables")
+    if items is None:
+        return parse_json(jsonio.loads(text))
+    out = []
+    for tag, value, raw in items:
+        if tag == "rule" and isinstance(value, dict):
+            rule = parse_rule(value)
+            if rule is not None:
+                rule.text = raw if jsonio.raw_line(raw) else None
+                out.append(rule)
+    return out
 
 
 def parse_json(doc: dict) -> list[NativeRule]:
