@@ -323,3 +323,42 @@ def test_value_classes_compare_and_copy_as_dataclasses_did():
     assert a.narrowed(frozenset(), False).whole is False and a.whole is True
     with pytest.raises(TypeError):
         a.replace(nothing=1)
+
+
+def _loop_reference(chain, spec, index=0):
+    """parse_rule as it was: every token looked at in turn (the reference the faster one is held to)."""
+    from cni_reaper.reap.netfilter.iptables.rules import Rule, split
+
+    tokens = tuple(split(spec))
+    fields = {"source": None, "comment": None, "target": None, "to_destination": None}
+    negate, i = False, 0
+    while i < len(tokens):
+        tok, nxt = tokens[i], tokens[i + 1] if i + 1 < len(tokens) else None
+        if tok == "!":
+            negate, i = True, i + 1
+            continue
+        if tok in ("-s", "--source") and nxt is not None:
+            fields["source"] = None if negate else nxt
+        elif tok == "--comment" and nxt is not None:
+            fields["comment"] = nxt
+        elif tok in ("-j", "-g", "--jump", "--goto") and nxt is not None:
+            fields["target"] = nxt
+        elif tok == "--to-destination" and nxt is not None:
+            fields["to_destination"] = nxt
+        negate, i = False, i + 1
+    return Rule(chain, spec, tokens, fields["source"], fields["comment"], fields["target"], fields["to_destination"],
+                index)
+
+
+_RULE_TOKENS = st.sampled_from(["-s", "--source", "!", "--comment", "-j", "-g", "--jump", "--goto", "--to-destination",
+                                "-d", "10.0.0.2/32", "CNI-x", "DNAT", "10.0.0.2:80", '"name: \\"n\\" id: \\"x\\""',
+                                "-m", "comment", "-p", "tcp", '"-j"', '"!"'])
+
+
+@settings(max_examples=4000, deadline=None)
+@given(st.lists(_RULE_TOKENS, max_size=12))
+def test_the_rule_fields_are_what_reading_every_token_in_turn_gives(tokens):
+    """HELD: the fields found in C (the last option with a value after it, a "!" right before -s) are the
+    fields the token-by-token reading gave, for any order of options, values and negations."""
+    spec = " ".join(tokens)
+    assert parse_rule("C", spec, 3) == _loop_reference("C", spec, 3)

@@ -164,30 +164,32 @@ def _split_slow(spec: str) -> list[str]:
     return tokens
 
 
+_SOURCE = ("-s", "--source")
+_COMMENT = ("--comment",)
+_TARGET = ("-j", "-g", "--jump", "--goto")
+_TO = ("--to-destination",)
+
+
 def parse_rule(chain: str, spec: str, index: int = 0) -> Rule:
+    """A saved rule's fields: each the token after the last of its options that has one after it (every
+    token is looked at, a value too); the source none when a "!" stands right before its option."""
     tokens = tuple(split(spec))
-    fields: dict[str, str | None] = {"source": None, "comment": None, "target": None, "to_destination": None}
-    negate = False
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-        if tok == "!":
-            negate = True
-            i += 1
-            continue
-        if tok in ("-s", "--source") and nxt is not None:
-            fields["source"] = None if negate else nxt
-        elif tok == "--comment" and nxt is not None:
-            fields["comment"] = nxt
-        elif tok in ("-j", "-g", "--jump", "--goto") and nxt is not None:
-            fields["target"] = nxt
-        elif tok == "--to-destination" and nxt is not None:
-            fields["to_destination"] = nxt
-        negate = False
-        i += 1
-    return Rule(chain, spec, tokens, fields["source"], fields["comment"], fields["target"], fields["to_destination"],
-                index)
+    head = tokens[:-1]  # an option as the last token has no value
+    i = _last(head, _SOURCE)
+    source = None if i < 0 or (i and head[i - 1] == "!") else tokens[i + 1]
+    c, t, d = _last(head, _COMMENT), _last(head, _TARGET), _last(head, _TO)
+    return Rule(chain, spec, tokens, source, tokens[c + 1] if c >= 0 else None, tokens[t + 1] if t >= 0 else None,
+                tokens[d + 1] if d >= 0 else None, index)
+
+
+def _last(head: tuple[str, ...], names: tuple[str, ...]) -> int:
+    """The last index in `head` of one of `names` (-1: none), found in C (a saved rule has a dozen tokens, a
+    sweep of 1,000 attachments reads 11,000 rules)."""
+    at = -1
+    for name in names:
+        if name in head:
+            at = max(at, len(head) - 1 - head[::-1].index(name))
+    return at
 
 
 def parse_save(text: str) -> dict[str, Table]:
