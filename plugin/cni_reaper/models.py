@@ -49,6 +49,7 @@ from cni_reaper.cni.result import (
 )
 from cni_reaper.gojson import pick
 from cni_reaper.state.record import (
+    HELD_MAX_TRIES,
     MAX_ARG_KEY,
     MAX_ARG_VALUE,
     MAX_ARGS,
@@ -532,7 +533,7 @@ class Held(Left):
     """A dead attachment's leftover that something not ours holds: a sweep looks at it again after retryAt."""
 
     retryAt: datetime = Field(strict=False)
-    tries: int = Field(ge=1, le=1 << 30)
+    tries: int = Field(ge=1, le=HELD_MAX_TRIES)
 
     _retry_format = field_validator("retryAt", mode="before")(classmethod(lambda cls, v: _record_time(v)))
     _retry_time = field_validator("retryAt")(classmethod(lambda cls, v: _utc(v)))

@@ -141,6 +141,31 @@ def test_dnat_chain_forwarding_to_a_newer_life_is_kept():
     assert not [o for o in p.ops if o.chain == "CNI-HOSTPORT-DNAT"]
 
 
+def test_a_dead_dnat_chain_that_forwards_elsewhere_is_held_unless_a_newer_life_holds_it():
+    """No other life of X (whole): what else its chain DNATs to is not ours, the chain and its jump stay and X's
+    record is held (looked at again later). A newer life of X (not whole): it is that life's, nothing held."""
+    d = chains.dnat_chain(N, X)
+    t = tables(f"-A {d} -p udp -m udp --dport 8080 -j DNAT --to-destination 198.51.100.9:80")
+    for whole in (True, False):
+        p = plan(t, [dead(whole=whole)], 4)
+        assert ("chain", "nat", d, "") not in summary(p) and not [o for o in p.ops if o.chain == "CNI-HOSTPORT-DNAT"]
+        assert [o.spec for o in p.ops if o.chain == d] == ["-p tcp -m tcp --dport 8080 -j DNAT --to-destination 172.26.64.2:80"]
+        assert p.held == ({(N, X): f"nat {d}: DNATs to 1 address(es) of no dead life of it"} if whole else {})
+
+
+def test_two_dead_ifnames_of_one_container_take_the_dnat_chain_they_share():
+    """portmap's chain is named by network and container ID, not ifname: X's eth0 and eth1 both dead in one
+    sweep take the chain and its jump (each alone would see the other's DNAT in it)."""
+    d = chains.dnat_chain(N, X)
+    t = tables(f"-A {d} -p tcp -m tcp --dport 8080 -j DNAT --to-destination 172.26.64.7:80")
+    eth1 = Target(N, X, "eth1", frozenset({"172.26.64.7"}), whole=True)
+    p = plan(t, [dead(), eth1], 4)
+    assert ("chain", "nat", d, "") in summary(p) and [o for o in p.ops if o.chain == "CNI-HOSTPORT-DNAT"]
+    assert not p.held
+    p = plan(t, [dead()], 4)  # eth1 alone is not dead: the chain stays for it
+    assert ("chain", "nat", d, "") not in summary(p)
+
+
 def test_lookalikes_survive():
     m = chains.masq_chain(N, X)
     t = tables(

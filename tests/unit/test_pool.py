@@ -66,3 +66,46 @@ def test_files_removed_side_by_side_are_all_gone_and_errors_come_back(tmp_path):
     sd.close()
     assert errors[:-1] == [None] * 501 and isinstance(errors[-1], OSError)
     assert sorted(os.listdir(d)) == ["sub"]
+
+
+class _OutOfTime(BaseException):
+    """As wrap mode's time budget: raised in the calling thread by a signal handler."""
+
+
+def test_an_interruption_in_the_caller_leaves_no_call_running_after_each(tmp_path):
+    """From a red team: the budget's alarm (or ^C) in the calling thread while a batch runs. When each() is
+    over (it raises), nothing of it unlinks on: the caller's locks are let go right after."""
+    import _signal
+    import time
+
+    d = tmp_path / "d"
+    d.mkdir()
+    names = [f"r-{i:04d}" for i in range(200)]
+    for n in names:
+        (d / n).write_text("x")
+    sd = SafeDir(str(d)).open()
+    over = []
+    after: list[str] = []
+
+    def slow(name):
+        time.sleep(0.005)
+        if over:
+            after.append(name)
+        return sd.unlink_or_error(name)
+
+    def alarm(signum, frame):
+        raise _OutOfTime()
+
+    previous = _signal.signal(_signal.SIGALRM, alarm)
+    try:
+        _signal.setitimer(_signal.ITIMER_REAL, 0.1)
+        with pytest.raises(_OutOfTime):
+            pool.each(slow, names)
+        over.append(True)
+        left = len(os.listdir(d))
+    finally:
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+        _signal.signal(_signal.SIGALRM, previous)
+    time.sleep(0.3)
+    sd.close()
+    assert after == [] and len(os.listdir(d)) == left and 0 < left < len(names)

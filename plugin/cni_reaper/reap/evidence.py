@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.index import Entry, QuickView
 
 from cni_reaper.reap import probes
+from cni_reaper.state.record import HELD_MAX_SECONDS
 
 LIVE, DEAD, UNKNOWN = "live", "dead", "unknown"
 LEFT = "left"  # dead, but what it left no sweep may take (claims.py): it waits for the runtime's DEL or GC
@@ -217,9 +218,16 @@ def judge_left(state: str, left: bool | float, tombstoned: bool, view: View, now
         return None
     if left is True:
         return LEFT if state == DEAD and not tombstoned else None
-    if view.at_once or (now if now is not None else time.time()) >= left:
-        return None
-    return HELD
+    return HELD if held_now(left, view, now) else None
+
+
+def held_now(left: bool | float, view: View, now: float | None = None) -> bool:
+    """Whether a held mark's retry time (record.left_mark) has not come yet, as this view looks. A time
+    further off than the longest wait (a clock stepped back since it was written, a damaged mark) has come."""
+    if left is True or left is False or view.at_once:
+        return False
+    t = now if now is not None else time.time()
+    return t < left <= t + HELD_MAX_SECONDS
 
 
 def judge_tombstone(f: Facts, deleted_at: float, cached: bool | None, cached_now: bool | None, view: View,

@@ -144,13 +144,15 @@ class _Held:
 
     def __init__(self, d: NetworkDir, timeout: float) -> None:
         self.d, self.timeout = d, timeout
+        self.took = False
 
     def __enter__(self) -> NetworkDir:
+        self.took = self.d._lock is None  # held already (an outer holder): not ours to let go
         self.d.lock(self.timeout)
         return self.d
 
     def __exit__(self, *exc: object) -> None:
-        if self.d._lock is not None:
+        if self.took and self.d._lock is not None:
             os.close(self.d._lock)
             self.d._lock = None
 

@@ -28,6 +28,7 @@ from cni_reaper.reap import cache, probes
 from cni_reaper.reap.evidence import (
     DEAD,
     DONE,
+    HELD,
     HOLDING,
     LIVE,
     SWEEPABLE,
@@ -35,6 +36,7 @@ from cni_reaper.reap.evidence import (
     WAIT,
     Facts,
     View,
+    held_now,
     judge_left,
     judge_life,
     judge_tombstone,
@@ -86,6 +88,8 @@ def judge_record(record: dict[str, Any], view: View, cache_dir: str) -> tuple[st
 
 
 def judge_entry(e: Entry, view: View, cache_dir: str) -> str:
+    if held_now(e.left, view):  # dead, and not looked at again before its time: no look at its evidence either
+        return HELD
     f = Facts.of_entry(e)
     if e.deleted_at is None:
         state = judge_life(f, view)[0]

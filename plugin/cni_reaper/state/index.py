@@ -322,7 +322,8 @@ class Entry:
                 and (at is None or type(at) is i or type(at) is float)
                 and (cached is None or cached is True or cached is False) and (verify is True or verify is False)
                 and (earlier is True or earlier is False)
-                and (left is True or left is False or type(left) is float or type(left) is int)
+                and (left is True or left is False
+                     or ((type(left) is float or type(left) is int) and 0 <= left < 1 << 40))  # NaN, inf: no
                 and type(ips) is lst and all(type(x) is t for x in ips)
                 and (cache_dir is None or type(cache_dir) is t)):
             return None

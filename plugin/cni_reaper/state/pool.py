@@ -18,11 +18,17 @@ SMALL = 16  # fewer items than this are done in the calling thread: a thread cos
 def each(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
     """fn(item) for every item, in two threads (items of even index in a helper, odd in this one); the
     results in the items' order. What fn raises is raised here once both halves are done (the first one, in
-    the items' order); the other calls are not stopped by it: each one stands alone."""
+    the items' order); the other calls are not stopped by it: each one stands alone. Whatever interrupts this
+    thread (a signal's exception: wrap mode's time budget, ^C) stops the helper from starting another call,
+    and each() waits for the one it is in: when each() is over, returned or raised, no call of it runs on (its
+    caller's locks are let go next)."""
     results: list[Any] = [None] * len(items)
+    stop: list[bool] = []
 
     def half(start: int) -> None:
         for k in range(start, len(items), 2):
+            if stop:
+                return
             results[k] = _one(fn, items[k])
 
     if len(items) < SMALL:
@@ -42,12 +48,32 @@ def each(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
             _thread.start_new_thread(helper, ())
         except RuntimeError:  # no thread can be started here: one half after the other
             helper()
-        half(1)
-        done.acquire()
+        try:
+            half(1)
+        except BaseException:
+            stop.append(True)
+            raise
+        finally:
+            _wait(done, stop)
     failed = next((r for r in results if isinstance(r, _Raised)), None)
     if failed is not None:
         raise failed.exc
     return results
+
+
+def _wait(done: Any, stop: list[bool]) -> None:
+    """Until the helper is over, whatever else arrives meanwhile (an exception raised by a signal handler
+    while this thread waits stops the helper's next call, and is raised once the helper is over)."""
+    pending: BaseException | None = None
+    while True:
+        try:
+            done.acquire()
+            break
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, once nothing of each() runs on
+            stop.append(True)
+            pending = pending or exc
+    if pending is not None:
+        raise pending
 
 
 class _Raised:

@@ -227,7 +227,8 @@ def left(why: str) -> dict[str, Any]:
 
 
 HELD_FIRST_SECONDS = 60.0  # the first look again at what something not ours holds; doubled each time after
-HELD_MAX_SECONDS = 3600.0
+HELD_MAX_SECONDS = 3600.0  # and never later than this from now (a retry time further off is taken as due)
+HELD_MAX_TRIES = 1 << 30
 
 
 def held(why: str, record: Record) -> dict[str, Any]:
@@ -235,7 +236,7 @@ def held(why: str, record: Record) -> dict[str, Any]:
     chain, a rule without its tag is in it): the record stays, and a verb's sweep looks at it again once
     `retryAt` has passed (an operator's sweep and GC at once); `tries`: the clean-ups that found it held."""
     before = record.get("left") or {}
-    tries = before.get("tries", 0) + 1 if "retryAt" in before else 1
+    tries = min(before.get("tries", 0) + 1, HELD_MAX_TRIES) if "retryAt" in before else 1
     wait = min(HELD_FIRST_SECONDS * 2 ** min(tries - 1, 16), HELD_MAX_SECONDS)
     return {"at": iso_now(), "why": why[:MAX_TEXT], "retryAt": iso_at(time.time() + wait), "tries": tries}
 
@@ -408,7 +409,8 @@ def _left_problem(left: Any) -> bool:
         return True
     if not (_time_ok(left["at"]) and _text(left["why"])):
         return True
-    return "retryAt" in left and not (_time_ok(left["retryAt"]) and _is_int(left["tries"]) and 1 <= left["tries"] <= 1 << 30)
+    return "retryAt" in left and not (_time_ok(left["retryAt"]) and _is_int(left["tries"])
+                                      and 1 <= left["tries"] <= HELD_MAX_TRIES)
 
 
 def problem(data: Any) -> str | None:

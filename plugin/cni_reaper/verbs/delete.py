@@ -65,13 +65,18 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
     return targets
 
 
-def _finished(record: dict[str, Any], outcome: Outcome | None) -> bool:
+def _finished(record: dict[str, Any], outcome: Outcome | None, extra: list[Target]) -> bool:
     """Whether this DEL's own clean-up removed everything it was to remove: then its tombstone needs no second
     look, which could only find a new life of the same container by then (same chains, perhaps the same
-    address). Not when something failed, could not be looked at, was left on purpose, or only observed."""
+    address). Not when something failed, could not be looked at, was left on purpose, or only observed; not
+    when its masquerade chain was kept for the plugins' DEL while another namespace is at its path (bridge
+    finds none of its addresses there and leaves the chain: the sweep after the DEL takes it); not while
+    something not ours holds a leftover of it (held: its mark stays, and so does the look)."""
     from cni_reaper.state.record import key
 
-    if outcome is None:
+    if outcome is None or "retryAt" in (record.get("left") or {}):
+        return False
+    if any(t.keep_masq_chain and "masq" in t.parts for t in extra):
         return False
     k = key(record)
     mine = f"{k[0]} {k[1]}"
@@ -126,7 +131,7 @@ def _run(inv: Invocation, beside: bool = False) -> None:
             from cni_reaper.reap.sweep import sweep_quietly
 
             outcome = sweep_quietly(store, conf, exclude=exclude, extra=extra, view=view)
-            if record is not None and extra and _finished(record, outcome):
+            if record is not None and extra and _finished(record, outcome, extra):
                 record["deleted"] = dict(record["deleted"], verify=False)
                 store.save(record)
     except CniError as err:

@@ -26,6 +26,9 @@ def run(exe: str, argv: list[str], env: dict[str, str], stdin: bytes,
     ExitCode and Python's returncode say). ExecFailed when it could not be run at all. `meanwhile` is
     called once the plugin is started, before its output is read (its stdout waits in the pipe); whatever
     it raises is dropped."""
+    ignored = signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN  # a runtime may pass that on across exec
+    if ignored:  # the kernel would reap the plugin itself: its exit status could not be read
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     fd = os.memfd_create("cni-stdin", os.MFD_CLOEXEC)
     try:
         os.write(fd, stdin)
@@ -33,17 +36,8 @@ def run(exe: str, argv: list[str], env: dict[str, str], stdin: bytes,
         r, w = os.pipe()
         er, ew = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
-        if pid == 0:  # the child: nothing of Python's may run here but the exec
-            try:
-                os.dup2(fd, 0)
-                os.dup2(w, 1)
-                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-                signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-                os.execve(exe, argv, env)
-            except OSError as exc:
-                os.write(ew, str(exc.errno).encode())
-            finally:
-                os._exit(127)
+        if pid == 0:
+            _child(exe, argv, env, (fd, w, ew), ignored)
         os.close(w)
         os.close(ew)
         if meanwhile is not None:
@@ -66,3 +60,21 @@ def run(exe: str, argv: list[str], env: dict[str, str], stdin: bytes,
     if failed:
         raise ExecFailed(int(failed))
     return os.waitstatus_to_exitcode(status), b"".join(chunks)
+
+
+def _child(exe: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, int], sigchld_ignored: bool) -> None:
+    """The forked child: nothing of Python's may run here but the exec (stdin, stdout, and the pipe that tells
+    the parent why an exec failed)."""
+    stdin, stdout, failed = fds
+    try:
+        os.dup2(stdin, 0)
+        os.dup2(stdout, 1)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        if sigchld_ignored:  # the plugin inherits what it would have inherited from the runtime
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        os.execve(exe, argv, env)
+    except OSError as exc:
+        os.write(failed, str(exc.errno).encode())
+    finally:
+        os._exit(127)

@@ -42,13 +42,22 @@ def run(argv: list[str], stdin: str | None = None, timeout: float = 30.0) -> Fin
 
 def run_all(argvs: list[list[str]], stdins: list[str | None] | None = None, timeout: float = 30.0) -> list[Finished]:
     """Run the tools at the same time; their results in order (the errors as run's)."""
+    _reap_own_children()
     env = dict(os.environ, LC_ALL="C")
+    deadline = time.monotonic() + timeout
     started: list[tuple[int, int, int]] = []  # pid, stdout, stderr
     try:
         for argv, stdin in zip(argvs, stdins or [None] * len(argvs)):
-            started.append(_start(argv, None if stdin is None else stdin.encode("utf-8", "surrogateescape"), env))
-        texts = _drain([fd for _, out, err in started for fd in (out, err)], timeout)
-    except BaseException:  # nothing is left running or open
+            _start(argv, None if stdin is None else stdin.encode("utf-8", "surrogateescape"), env, started)
+        texts = _drain([fd for _, out, err in started for fd in (out, err)], deadline, timeout)
+        results = []
+        for k, (pid, out, err) in enumerate(started):
+            _close(out, err)
+            status = _wait(pid, deadline, timeout)
+            results.append(Finished(os.waitstatus_to_exitcode(status), texts[2 * k], texts[2 * k + 1]))
+        started = []
+        return results
+    finally:  # something failed or timed out: nothing is left running or open
         for pid, out, err in started:
             try:
                 os.kill(pid, _signal.SIGKILL)
@@ -56,47 +65,90 @@ def run_all(argvs: list[list[str]], stdins: list[str | None] | None = None, time
             except OSError:
                 pass
             _close(out, err)
-        raise
-    results = []
-    for k, (pid, out, err) in enumerate(started):
-        _close(out, err)
-        _, status = os.waitpid(pid, 0)
-        results.append(Finished(os.waitstatus_to_exitcode(status), texts[2 * k], texts[2 * k + 1]))
-    return results
 
 
-def _start(argv: list[str], stdin: bytes | None, env: dict[str, str]) -> tuple[int, int, int]:
-    if stdin is None:
-        fd_in = _high(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
-    else:
-        fd_in = _high(os.memfd_create("cni-reaper-stdin", os.MFD_CLOEXEC))
-        view = memoryview(stdin)
-        while view:
-            view = view[os.write(fd_in, view):]
-        os.lseek(fd_in, 0, os.SEEK_SET)
-    r_out, w_out = os.pipe2(os.O_CLOEXEC)
-    r_err, w_err = os.pipe2(os.O_CLOEXEC)
-    w_out, w_err = _high(w_out), _high(w_err)
+def _reap_own_children() -> None:
+    """SIGCHLD back to its default when this process was started with it ignored (a runtime may pass that on
+    across exec): with it ignored the kernel reaps the tools itself and no exit status can be read."""
+    if _signal.getsignal(_signal.SIGCHLD) == _signal.SIG_IGN:
+        try:
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        except ValueError:  # not the main thread: nothing to do about it here (waitpid then says ECHILD)
+            pass
+
+
+def _wait(pid: int, deadline: float, timeout: float) -> int:
+    """The tool's exit status, once it has closed its output: at once as a rule; a tool that lives on after
+    it (it closed its pipes and went on) is waited for until the deadline (TimeoutError: the caller kills)."""
+    pause = 0.0005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no exit within {timeout:g} s")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _start(argv: list[str], stdin: bytes | None, env: dict[str, str], started: list[tuple[int, int, int]]) -> None:
+    """Start a tool; (pid, stdout, stderr) appended to `started` (what the caller kills and closes if it must).
+    Whatever cannot be made (a full descriptor table) leaves nothing open."""
+    opened: list[int] = []
     try:
-        pid = os.posix_spawn(argv[0], argv, env, setsigdef=_DEFAULT_SIGNALS, file_actions=[
-            (os.POSIX_SPAWN_DUP2, fd_in, 0), (os.POSIX_SPAWN_DUP2, w_out, 1), (os.POSIX_SPAWN_DUP2, w_err, 2)])
-    except BaseException:
-        _close(r_out, r_err)
-        raise
+        if stdin is None:
+            fd_in = _high(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), opened)
+        else:
+            fd_in = _high(os.memfd_create("cni-reaper-stdin", os.MFD_CLOEXEC), opened)
+            view = memoryview(stdin)
+            while view:
+                view = view[os.write(fd_in, view):]
+            os.lseek(fd_in, 0, os.SEEK_SET)
+        r_out, w_out = _pipe(opened)
+        r_err, w_err = _pipe(opened)
+        actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, fd_in, 0), (os.POSIX_SPAWN_DUP2, w_out, 1),
+                                          (os.POSIX_SPAWN_DUP2, w_err, 2)]
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable()]  # as subprocess's close_fds
+        pid = os.posix_spawn(argv[0], argv, env, setsigdef=_DEFAULT_SIGNALS, file_actions=actions)
+        started.append((pid, r_out, r_err))
+        opened = [fd_in, w_out, w_err]
     finally:
-        _close(fd_in, w_out, w_err)
-    return pid, r_out, r_err
+        _close(*opened)
 
 
-def _high(fd: int) -> int:
+def _pipe(opened: list[int]) -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    opened += [r, w]
+    return _high(r, opened), _high(w, opened)
+
+
+def _inheritable() -> list[int]:
+    """This process's descriptors above the standard three that a tool would inherit (not close-on-exec)."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                out.append(fd)
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return out
+
+
+def _high(fd: int, opened: list[int]) -> int:
     """`fd`, or a close-on-exec copy of it above the standard three (a process started without them gets
-    them as its first new files: dup2 onto itself would not clear close-on-exec)."""
+    them as its first new files: dup2 onto itself would not clear close-on-exec); kept in `opened`."""
     if fd > 2:
+        if fd not in opened:
+            opened.append(fd)
         return fd
-    try:
-        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
-    finally:
-        os.close(fd)
+    if fd not in opened:
+        opened.append(fd)
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    opened.remove(fd)
+    os.close(fd)
+    opened.append(high)
+    return high
 
 
 def _close(*fds: int) -> None:
@@ -107,14 +159,13 @@ def _close(*fds: int) -> None:
             pass
 
 
-def _drain(fds: list[int], timeout: float) -> list[str]:
-    """Everything each pipe gives until its end, all read side by side (TimeoutError after `timeout`)."""
+def _drain(fds: list[int], deadline: float, timeout: float) -> list[str]:
+    """Everything each pipe gives until its end, all read side by side (TimeoutError at the deadline)."""
     chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
     poller: Any = select.poll()
     for fd in fds:
         poller.register(fd, _IN)
     left_open = len(fds)
-    deadline = time.monotonic() + timeout
     while left_open:
         left = deadline - time.monotonic()
         if left <= 0:

@@ -7,8 +7,10 @@ operations that remove exactly what those lives left behind:
   chain itself when the attachment is wholly dead, every rule in it carries that tag, and nothing else
   jumps to it after the deletions;
 - DNAT (portmap): the jumps tagged `dnat name: "N" id: "X"` into CNI-DN-<hash> and the chain, when the chain
-  only forwards to dead IPs; otherwise (a newer life of X uses the chain) only its DNAT rules to dead IPs;
-  the old CNI-SN-<hash> chain and its tagged jumps likewise;
+  only forwards to IPs of X's dead lives (of every ifname of X cleaned in this plan: the chain is X's in
+  the network, whatever the ifname); otherwise only its DNAT rules to dead IPs (a newer life of X uses the
+  chain), and when no other life of X holds the chain what else it forwards to is not ours: held (its record
+  stays, looked at again later); the old CNI-SN-<hash> chain and its tagged jumps likewise;
 - firewall: the two untagged CNI-FORWARD rules of a dead IP, in exactly the firewall plugin's shape, unless
   the IP is protected (held by a live attachment or reserved by someone else).
 Shared chains and anything not matching these shapes are never touched.
@@ -63,6 +65,8 @@ class _Builder:
         self._rule_ops: set[int] = set()  # id() of rules already planned
         self._chains: set[tuple[str, str]] = set()
         self._forward_shapes: dict[tuple[str, ...], tuple[str, tuple[str, str]]] = {}
+        # (network, container ID) -> the dead IPs of this family of every whole target of it with a DNAT part
+        self.whole_dead: dict[tuple[str, str], set[str]] = {}
 
     def delete_rule(self, table: str, rule: Rule, owner: tuple[str, str], what: str, part: str) -> None:
         if id(rule) in self._rule_ops:
@@ -119,22 +123,25 @@ class _Builder:
         tag = chains.dnat_comment(t.network, t.container_id)
         inside = nat.chains.get(chain, [])
         dests = {r.dnat_ip for r in inside if r.target == "DNAT"}
-        if t.whole and (t.any_source or dests <= _family_ips(t.dead_ips, self.family)):
-            for rule in nat.references(chain):
-                if rule.chain != chain and rule.comment == tag:
-                    self.delete_rule("nat", rule, owner, "hostport DNAT jump", "dnat")
-            self.delete_chain("nat", chain, owner, None, "hostport DNAT chain", "dnat")
+        dead = self.whole_dead.get(owner, set())
+        if t.whole and (t.any_source or dests <= dead):
+            self._tagged_chain(nat, chain, tag, owner, "hostport DNAT")
         else:
             for rule in inside:
                 if rule.target == "DNAT" and rule.dnat_ip in ips:
                     self.delete_rule("nat", rule, owner, f"DNAT to dead {rule.to_destination}", "dnat")
+            if t.whole and chain in nat.chains:  # no other life of X holds the chain: the rest is not ours
+                self._hold(owner, f"nat {chain}: DNATs to {len(dests - dead)} address(es) of no dead life of it")
         if t.whole:
             schain = chains.snat_chain(t.network, t.container_id)
-            stag = chains.snat_comment(t.network, t.container_id)
-            for rule in nat.references(schain):
-                if rule.chain != schain and rule.comment == stag:
-                    self.delete_rule("nat", rule, owner, "old hostport SNAT jump", "dnat")
-            self.delete_chain("nat", schain, owner, None, "old hostport SNAT chain", "dnat")
+            self._tagged_chain(nat, schain, chains.snat_comment(t.network, t.container_id), owner, "old hostport SNAT")
+
+    def _tagged_chain(self, nat: Table, chain: str, tag: str, owner: tuple[str, str], what: str) -> None:
+        """A per-container chain of portmap's and the jumps into it that carry its tag."""
+        for rule in nat.references(chain):
+            if rule.chain != chain and rule.comment == tag:
+                self.delete_rule("nat", rule, owner, f"{what} jump", "dnat")
+        self.delete_chain("nat", chain, owner, None, f"{what} chain", "dnat")
 
     def forward(self, t: Target, ips: set[str], protected: set[str]) -> None:
         """Collect the firewall plugin's rule shapes for this target's dead IPs; matched in one pass later."""
@@ -161,6 +168,9 @@ def plan(tables: dict[str, Table], targets: list[Target], family: int,
          protected: dict[tuple[str, str, str], set[str]] | None = None) -> Plan:
     """Operations for one family. `protected[target.key]` are IPs whose untagged rules must stay."""
     b = _Builder(tables, family)
+    for t in targets:
+        if "dnat" in t.parts and t.whole:
+            b.whole_dead.setdefault((t.network, t.container_id), set()).update(_family_ips(t.dead_ips, family))
     for t in targets:
         ips = _family_ips(t.dead_ips, family)
         if "masq" in t.parts:

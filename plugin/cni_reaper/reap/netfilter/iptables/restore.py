@@ -48,7 +48,8 @@ class SaveRestoreBackend:
     def read(self, family: int) -> dict[str, Table]:
         # one process for all tables: cheaper than one per table. A save equal to the last one (but for its
         # comments: the time) is not parsed again (python-iptables reads again under the lock before it commits)
-        text = "\n".join(line for line in self._run([self._tool(family, "save")]).splitlines() if not line.startswith("#"))
+        text = "\n".join(line for line in self._run([self._tool(family, "save")]).split("\n")  # as parse_save
+                         if line and not line.startswith("#"))
         last = self._last.get(family)
         if last is not None and last[0] == text:
             return last[1]

@@ -193,10 +193,12 @@ def _last(head: tuple[str, ...], names: tuple[str, ...]) -> int:
 
 
 def parse_save(text: str) -> dict[str, Table]:
-    """Parse `iptables-save` / `ip6tables-save` output into tables."""
+    """Parse `iptables-save` / `ip6tables-save` output into tables. Lines end at "\n" only: a comment may hold
+    any other character that str.splitlines() takes for a line's end (form feed, U+2028, ...), printed raw,
+    and a rule cut there would shift the positions of every later rule of its chain."""
     tables: dict[str, Table] = {}
     current: Table | None = None
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line or line.startswith("#"):
             continue
         if line.startswith("*"):
