@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 def main() -> int:
     argv0 = sys.argv[0] if sys.argv else ""
+    if os.environ.get("CNI_COMMAND"):
+        _one_call()
     if not os.path.basename(argv0).startswith("cni-reaper"):  # perhaps run as another plugin's wrapper
         from cni_reaper.wrap.real import wrapped_name
 
@@ -37,6 +39,17 @@ def main() -> int:
 
     sys.stderr.write(f"{about()}\nCNI protocol versions supported: {', '.join(SUPPORTED)}\n")
     return 0
+
+
+def _one_call() -> None:
+    """A CNI call (chained or as a wrapper) is one short process that ends with os._exit: no cyclic garbage
+    collection in it. What reference counting frees is freed as ever; what a cycle holds is given back at the
+    exit. A sweep of 1,000 dead attachments makes a few hundred thousand objects (records, rules, journal
+    items), and the collector walked them again and again: 30 to 60 ms of its CPU time (in process, Python
+    3.11). The operator's commands keep the collector."""
+    import gc
+
+    gc.disable()
 
 
 def _exit(code: int) -> NoReturn:

@@ -35,23 +35,8 @@ def nft_sb(tmp_path, package_exe):
         yield s
 
 
-def cli(sb, *args):
-    return sb.run([str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(sb.root / "none")])
-
-
 def _record_path(sb, cid):
     return next(p for p in sb.state_dir().glob("r-*.json") if json.loads(p.read_text())["containerID"] == cid)
-
-
-def _edit_left(sb, cid, **left):
-    """The record's held mark changed by hand, the file replaced (a new inode: the index is made anew)."""
-    path = _record_path(sb, cid)
-    rec = json.loads(path.read_text())
-    rec["left"].update(left)
-    tmp = path.with_name(".tmp.hand")
-    tmp.write_text(json.dumps(rec))
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
 
 
 def _remake_same_path(sb, netns):
@@ -105,10 +90,10 @@ def test_a_del_of_a_held_attachment_keeps_it_held(sb):
     assert sb.driver("del", cid, sb.record(cid)["current"]["netns"], PORTS, conflist).returncode == 0
     rec = sb.record(cid)
     assert rec["deleted"]["verify"] is True and rec["left"] == before, rec
-    _edit_left(sb, cid, retryAt="2020-01-01T00:00:00Z")
+    sb.edit_held(cid, retryAt="2020-01-01T00:00:00Z")
     assert sb.status()[0] == 0 and sb.record(cid)["left"]["tries"] == 2  # looked at again: still held
     _unjump(sb, rule)
-    out = cli(sb, "sweep", "--apply")
+    out = sb.cli("sweep", "--apply")
     assert out.returncode == 0, out.stdout + out.stderr
     assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None
 
@@ -116,12 +101,12 @@ def test_a_del_of_a_held_attachment_keeps_it_held(sb):
 def test_a_mark_at_the_limit_of_tries_is_still_a_record(nft_sb):
     sb = nft_sb
     _, cid, ips, rule = _held(sb)
-    _edit_left(sb, cid, tries=1 << 30, retryAt="2020-01-01T00:00:00Z")
+    sb.edit_held(cid, tries=1 << 30, retryAt="2020-01-01T00:00:00Z")
     assert sb.status()[0] == 0  # looked at again, still held: the count stays at its limit
     assert sb.record(cid)["left"]["tries"] == 1 << 30
     assert not list(sb.state_dir().glob("*.corrupt"))
     _unjump(sb, rule)
-    assert cli(sb, "sweep", "--apply").returncode == 0
+    assert sb.cli("sweep", "--apply").returncode == 0
     assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None
 
 
@@ -129,7 +114,7 @@ def test_a_retry_time_further_off_than_an_hour_is_due(nft_sb):
     """Written while the clock ran ahead (or damaged): the verbs do not wait for it."""
     sb = nft_sb
     _, cid, ips, rule = _held(sb)
-    _edit_left(sb, cid, retryAt="2999-01-01T00:00:00Z")
+    sb.edit_held(cid, retryAt="2999-01-01T00:00:00Z")
     _unjump(sb, rule)
     for _ in range(2):
         assert sb.status()[0] == 0
@@ -153,7 +138,7 @@ def test_a_foreign_rule_in_a_dead_dnat_chain_keeps_the_record_held(sb):
     assert rec is not None and "DNATs to 1 address" in rec["left"]["why"], rec
     assert any(l.startswith("-A CNI-HOSTPORT-DNAT") for l in sb.residue(NET, cid, ips))
     sb.run([ipt, "-t", "nat", "-D", *foreign], check=True)
-    assert cli(sb, "sweep", "--apply").returncode == 0
+    assert sb.cli("sweep", "--apply").returncode == 0
     assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None
 
 
@@ -188,11 +173,11 @@ def test_a_held_attachment_looked_at_again_spares_the_new_holder_of_its_address(
     assert yips == xips, (xips, yips)
     before = sorted(sb.residue(NET, y, yips))
     assert any("CNI-FORWARD" in l for l in before) and f"reservation {yips[0]}" in before, before
-    _edit_left(sb, x, retryAt="2020-01-01T00:00:00Z")
+    sb.edit_held(x, retryAt="2020-01-01T00:00:00Z")
     assert sb.status()[0] == 0
     assert sorted(sb.residue(NET, y, yips)) == before
     _unjump(sb, rule)
-    assert cli(sb, "sweep", "--apply").returncode == 0
+    assert sb.cli("sweep", "--apply").returncode == 0
     assert sorted(sb.residue(NET, y, yips)) == before
     assert sb.record(x) is None and sb.record(y) is not None
     assert not [l for l in sb.residue(NET, x, []) if chains.masq_chain(NET, x) in l]
@@ -216,7 +201,7 @@ def test_a_held_retry_while_adds_and_sweeps_run_side_by_side(sb):
     (tries 1 -> 2), every call succeeds, every new attachment keeps what it has, and the index as the next
     call reads it agrees with the records."""
     conflist, x, _, _ = _held(sb)
-    _edit_left(sb, x, retryAt="2020-01-01T00:00:00Z")
+    sb.edit_held(x, retryAt="2020-01-01T00:00:00Z")
     procs, adds = [], []
     status = {"CNI_COMMAND": "STATUS", "CNI_CONTAINERID": "", "CNI_NETNS": "", "CNI_IFNAME": "",
               "CNI_PATH": f"{sb.plugin_dir}:{sb.plugins}"}

@@ -91,20 +91,6 @@ def test_foreign_jump_to_a_dead_chain_between_the_two_transactions_is_kept(sb):
     assert left and all(chain in l for l in left), left  # only the referenced chain and its own rules
 
 
-def _rewrite_retry(sb, cid, retry_at: str) -> None:
-    """The record's retry time set by hand, the file replaced (a new inode: the index is made anew)."""
-    import json
-    import os
-
-    path = next(p for p in sb.state_dir().glob("r-*.json") if json.loads(p.read_text())["containerID"] == cid)
-    rec = json.loads(path.read_text())
-    rec["left"]["retryAt"] = retry_at
-    tmp = path.with_name(".tmp.hand")
-    tmp.write_text(json.dumps(rec))
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
 def _foreign_jump(sb, chain):
     return ["-t", "nat", "-D", "POSTROUTING", "-s", "203.0.113.7/32", "-m", "comment", "--comment", "foreign", "-j", chain]
 
@@ -144,13 +130,13 @@ def test_a_held_chain_is_looked_at_again_by_the_verbs_after_its_retry_time(sb):
     cid, ips, chain = _foreign_jump_between_the_two_transactions(sb)
     assert sb.status()[0] == 0
     first = sb.record(cid)["left"]
-    _rewrite_retry(sb, cid, "2020-01-01T00:00:00Z")
+    sb.edit_held(cid, retryAt="2020-01-01T00:00:00Z")
     assert sb.status()[0] == 0
     again = sb.record(cid)["left"]
     assert again["tries"] == 2 and again["retryAt"] > first["retryAt"], (first, again)
     sb.run([str(sb.bin_dir / "iptables"), *_foreign_jump(sb, chain)], check=True)
     assert sb.status()[0] == 0 and sb.record(cid) is not None  # its time has not come
-    _rewrite_retry(sb, cid, "2020-01-01T00:00:00Z")
+    sb.edit_held(cid, retryAt="2020-01-01T00:00:00Z")
     rc, _out, err = sb.status()
     assert rc == 0, err
     assert sb.residue(NET, cid, ips) == [], sb.residue(NET, cid, ips)

@@ -560,6 +560,21 @@ class Sandbox:
         assert len(found) <= 1
         return found[0] if found else None
 
+    def edit_held(self, cid: str, **mark) -> None:
+        """The held mark of `cid`'s record changed by hand (retryAt, tries), the file replaced as cni-reaper
+        replaces it (a new inode: the index is made anew from the records)."""
+        path = next(p for p in self.state_dir().glob("r-*.json") if json.loads(p.read_text())["containerID"] == cid)
+        rec = json.loads(path.read_text())
+        rec["left"].update(mark)
+        tmp = path.with_name(".tmp.hand")
+        tmp.write_text(json.dumps(rec))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        """cni-reaper's command line as an operator runs it here, with no conflists but its defaults."""
+        return self.run([str(self.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(self.root / "none")])
+
 
 _drivers: dict[str, str] = {}
 
