@@ -12,6 +12,7 @@ import sys
 import time
 
 from cni_reaper import jsonio
+from cni_reaper.files import open_regular
 
 MAX_BYTES = 10 << 20
 
@@ -43,7 +44,7 @@ def field(name: str) -> str:
 
 def _to_file(path: str, line: str) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+        fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     except OSError:
         return
     try:
@@ -53,7 +54,7 @@ def _to_file(path: str, line: str) -> None:
             except OSError:
                 pass
             os.close(fd)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
         os.write(fd, line.encode())
     except OSError:
         pass

@@ -296,3 +296,53 @@ def test_undo_puts_back_every_record_of_a_container(tmp_path, flavour, package_e
         out = cli(sb, "undo", cid)
         after = sorted(json.dumps(r, sort_keys=True) for r in sb.records() if r["containerID"] == cid)
         assert after == before, out.stdout
+
+
+def _single_addresses(conflist, v4: str, v6: str) -> None:
+    """Each family's range cut to one address: the next allocation gets the dead one's addresses."""
+    data = json.loads(conflist.read_text())
+    for p in data["plugins"]:
+        if p["type"] == "bridge":
+            p["ipam"]["ranges"] = [[{"subnet": v4.rsplit(".", 1)[0] + ".0/24", "rangeStart": v4, "rangeEnd": v4}],
+                                   [{"subnet": v6.rsplit(":", 1)[0] + ":/64", "rangeStart": v6, "rangeEnd": v6}]]
+    conflist.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("taken", ["addresses", "host port"])
+def test_undo_puts_back_no_native_rule_a_live_allocation_holds_or_that_would_shadow_it(tmp_path, flavour, package_exe,
+                                                                                          taken):
+    """Issue 32, cases 1 and 2 (plugins 1.9, native nftables backends, dual stack): a dead allocation cleaned,
+    then a live one that holds its IPv4 and IPv6 addresses now (on another host port), or that maps its host
+    port now (on other addresses). Undo of the dead one puts back none of its native rules that name the live
+    one's addresses (its masquerade is the live one's rule only by its comment) or that map the live one's
+    host port, and says why; the live one's traffic still reaches it. 0.4.0 put back the IPv6 DNAT to the
+    live address (its holder check read IPv4 only) and every DNAT of a host port mapped again."""
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        conflist = sb.native_conflist("nomad-reaper-dualstack.conflist")
+        if taken == "addresses":
+            _single_addresses(conflist, "172.26.64.9", "fd00:a:26::9")
+        dead, live = unique("alloc-"), unique("alloc-")
+        ns_dead, ns_live = sb.container(), sb.container()
+        dead_ips = ips_of(sb.driver("add", dead, ns_dead, PORTS, conflist))
+        sb.remove_container(ns_dead)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        assert not [l for l in native(sb) if dead in l]
+        live_ports = ("8081:80/tcp", "8081:80/udp") if taken == "addresses" else PORTS
+        live_ips = ips_of(sb.driver("add", live, ns_live, live_ports, conflist))
+        assert (set(live_ips) == set(dead_ips)) == (taken == "addresses"), (live_ips, dead_ips)
+        assert any(":" in ip for ip in live_ips), live_ips
+        before = state(sb)
+        out = cli(sb, "undo", dead)
+        assert out.returncode == 4, out.stdout + out.stderr
+        back = set(state(sb)[1]) - set(before[1])
+        # what names a live address, or maps a live host port, stays out; the dead one's masquerade of an
+        # address nobody holds may come back (it shadows nothing)
+        assert not [l for l in back if taken == "addresses" or "dport" in l], (back, out.stdout)
+        assert set(before[1]) <= set(state(sb)[1])
+        refused = [l for l in out.stdout.splitlines() if l.startswith("not put back")]
+        assert refused and not [l for l in out.stdout.splitlines() if "already there" in l], out.stdout
+        why = "is held by" if taken == "addresses" else "host port 8080"
+        assert any(why in l for l in refused), out.stdout
+        v4 = next(ip for ip in live_ips if ":" not in ip)
+        port = 8081 if taken == "addresses" else 8080
+        assert sb.reach(ns_live, v4.rsplit(".", 1)[0] + ".1", port, "the live one") == "the live one"

@@ -125,7 +125,10 @@ class View:
 
 
 def _path_evidence(f: Facts, view: View) -> tuple[str | None, str]:
-    now = probes.netns_id(f.netns)
+    try:
+        now = probes.netns_id(f.netns)
+    except probes.Unseen as exc:
+        return None, str(exc)
     if now is not None and f.ns is None:
         return LIVE, "a namespace is at its path (none was recorded)"
     if (now is not None and f.ns is not None and (now["dev"], now["ino"]) == f.ns[:2]

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 from cni_reaper.errors import TRY_AGAIN_LATER, CniError
-from cni_reaper.locking import flock_within
+from cni_reaper.files import flock_within
 from cni_reaper.reap import probes
 
 LOCK_NAME = "lock"
@@ -49,9 +49,7 @@ class NetworkDir:
 
     def close(self) -> None:
         """Let go of host-local's lock (if held) and of the directory."""
-        if self._lock is not None:
-            os.close(self._lock)  # closing the fd releases the flock
-            self._lock = None
+        self.unlock()
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -71,6 +69,11 @@ class NetworkDir:
             raise CniError(TRY_AGAIN_LATER, f"host-local's lock of {self.data_dir}/{self.network} is held",
                            f"waited {timeout:g}s; retry")
         self._lock = lfd
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the fd releases the flock
+            self._lock = None
 
     def locked(self, timeout: float) -> _Held:
         """Hold host-local's lock for this network (a context manager; the directory stays open after)."""
@@ -152,9 +155,8 @@ class _Held:
         return self.d
 
     def __exit__(self, *exc: object) -> None:
-        if self.took and self.d._lock is not None:
-            os.close(self.d._lock)
-            self.d._lock = None
+        if self.took:
+            self.d.unlock()
 
 
 class locked_dirs:  # lower case: used as a function, `with locked_dirs(pairs, timeout) as dirs`

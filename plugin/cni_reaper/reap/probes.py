@@ -19,6 +19,7 @@ The netns path itself is only ever stat()ed: never opened, entered or created.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -94,17 +95,33 @@ def host() -> Host:
     return _HOST[0]
 
 
+class Unseen(Exception):
+    """A path could not be looked at (EACCES, EIO, ELOOP, ...): nothing is known of what is there. Absence
+    is never assumed from a look that failed: only "no such file" (ENOENT, ENOTDIR) says nothing is there."""
+
+    def __init__(self, path: str, exc: OSError) -> None:
+        super().__init__(f"{path} cannot be looked at ({exc.strerror or type(exc).__name__})")
+
+
+NOTHING_THERE = (errno.ENOENT, errno.ENOTDIR)
+
+
 def netns_id(path: str | None) -> dict[str, Any] | None:
     """{"dev", "ino", "ctime"} of the namespace at `path`, or None when no namespace is there (gone,
-    unmounted, not nsfs). ctime is None where it does not name one life (the path is a symlink)."""
+    unmounted, not nsfs). ctime is None where it does not name one life (the path is a symlink). Raises
+    Unseen when the path cannot be looked at: a failed look is no absence."""
     if not path:
         return None
     nsfs = host().nsfs
     try:
         st = os.stat(path)  # stat only: never open() a netns path, never O_CREAT it
         pinned = not stat.S_ISLNK(os.lstat(path).st_mode)
-    except (OSError, ValueError):
+    except ValueError:
         return None
+    except OSError as exc:
+        if exc.errno in NOTHING_THERE:
+            return None
+        raise Unseen(path, exc) from None
     if nsfs is None or st.st_dev != nsfs:
         return None
     return {"dev": st.st_dev, "ino": st.st_ino, "ctime": st.st_ctime_ns if pinned else None}
@@ -289,7 +306,19 @@ def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
         directory = dir_id(where)
         if directory is not None:
             directory["groups"] = sending_groups(where, netns_path)
-    return {"netnsId": netns_id(netns_path), "netnsDir": directory, "host": h.as_record(), "veth": veth}
+    try:
+        ident = netns_id(netns_path)
+    except Unseen:
+        ident = None  # recorded without an identity: judged by its path and veth alone, as a 0.2 record is
+    return {"netnsId": ident, "netnsDir": directory, "host": h.as_record(), "veth": veth}
+
+
+def maybe_there(path: str | None) -> bool:
+    """Whether a namespace is, or may be, at `path` (one that cannot be looked at may be there)."""
+    try:
+        return netns_id(path) is not None
+    except Unseen:
+        return True
 
 
 # -- host-local's reservations --------------------------------------------------------------------

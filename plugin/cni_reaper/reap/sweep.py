@@ -224,7 +224,7 @@ def _forming(life: dict[str, Any]) -> bool:
     whether a new life of its container is being made there)."""
     if life.get("host") is None or any(ip.get("reservation") for ip in life["ips"]):
         return False
-    return probes.netns_id(life["netns"]) is not None
+    return probes.maybe_there(life["netns"])
 
 
 def dead_target(j: Judged, view: View, keep_masq_chain: bool = False, parts: Iterable[str] | None = None,

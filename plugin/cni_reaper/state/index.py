@@ -108,7 +108,7 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
     names: list[str] = []
     quick = []
     for h, members in groups.items():
-        members.sort(key=lambda n: body[n][4].rpartition("/")[0])  # a directory's paths side by side
+        members.sort(key=lambda n: _dir_of(body[n][4]))  # a directory's paths side by side
         start = len(names)
         names += members
         ints = [x for n in members for x in body[n][5]]
@@ -122,6 +122,13 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
     return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
 
 
+def _dir_of(path: str) -> str:
+    """The directory a path's name is in: the part before its last slash ("/" right under the root; "" for a
+    path with no slash, a directory that cannot be opened)."""
+    d = path.rpartition("/")[0]
+    return d or ("/" if path.startswith("/") else "")
+
+
 def split_paths(paths: list[str]) -> Runs:
     """Paths as runs of one directory (the part before the last slash; "/" for a path right under the root)
     and the names in it. What is no absolute path in a directory (no slash, a trailing one) keeps a run
@@ -130,8 +137,7 @@ def split_paths(paths: list[str]) -> Runs:
     runs: list[tuple[str, int]] = []
     bases: list[str] = []
     for path in paths:
-        d, _, base = path.rpartition("/")
-        d = d or ("/" if path.startswith("/") else "")
+        d, base = _dir_of(path), path.rpartition("/")[2]
         if runs and runs[-1][0] == d:
             runs[-1] = (d, runs[-1][1] + 1)
         else:

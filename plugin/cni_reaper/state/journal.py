@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.store import Store
 
 from cni_reaper import jsonio
+from cni_reaper.files import open_regular
 
 NAME = ".journal"
 OLD = ".journal.1"
@@ -76,7 +77,7 @@ class Journal:
                 sd.rename(NAME, OLD)
         except FileNotFoundError:
             pass
-        fd = os.open(NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=sd.dfd)
+        fd = open_regular(NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600, dir_fd=sd.dfd)
         try:
             os.write(fd, line)
             os.fsync(fd)

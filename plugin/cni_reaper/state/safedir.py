@@ -16,6 +16,7 @@ import os
 import stat
 
 from cni_reaper.errors import IO_FAILURE, CniError
+from cni_reaper.files import open_regular
 
 TMP_PREFIX = ".tmp."
 MODE = 0o700
@@ -139,9 +140,9 @@ class SafeDir:
         """Replace `name` atomically; fsynced (file and directory) with `durable`. Returns the new file's inode.
         OSError when it could not be written (nothing changed then)."""
         tmp = f"{TMP_PREFIX}{name}.{os.getpid()}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if exclusive_tmp else os.O_TRUNC)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive_tmp else os.O_TRUNC)
         try:
-            fd = os.open(tmp, flags, 0o600, dir_fd=self.dfd)
+            fd = open_regular(tmp, flags, 0o600, dir_fd=self.dfd)
             try:
                 view = memoryview(data)
                 while view:
@@ -163,7 +164,7 @@ class SafeDir:
             raise
 
     def append(self, name: str, data: bytes) -> None:
-        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.dfd)
+        fd = open_regular(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600, dir_fd=self.dfd)
         try:
             os.write(fd, data)
         finally:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
-from cni_reaper.locking import flock_within
+from cni_reaper.files import flock_within, open_regular
 from cni_reaper.state.index import Entry, Index
 from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
 from cni_reaper.state.record import key, problem, upgrade
@@ -201,7 +201,7 @@ class _Locked:
 
         st = self.store
         try:
-            self.fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=st.dir.dfd)
+            self.fd = open_regular(LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600, dir_fd=st.dir.dfd)
         except OSError as exc:
             raise CniError(IO_FAILURE, f"cannot open lock file in {st.root}: {exc.strerror}") from None
         try:

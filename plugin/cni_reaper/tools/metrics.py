@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+from cni_reaper.files import open_regular
 from cni_reaper.state.counters import BUCKETS, KINDS, empty
 
 
@@ -128,7 +129,7 @@ def write_textfile(directory: str, text: str) -> str:
             except OSError:
                 pass
     tmp = os.path.join(directory, f".cni_reaper.prom.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
             view = memoryview(text.encode())

@@ -18,17 +18,17 @@ too: a second undo finds nothing to do.
 from __future__ import annotations
 
 import os
-import re
+
+from cni_reaper.cni.ipaddr import parse_ip
+from cni_reaper.files import open_regular
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from cni_reaper.reap.holders import Holders
     from cni_reaper.state.journal import Entry
     from cni_reaper.state.store import Store
-
-ADDRESS = re.compile(r"(?<![\d.])(\d+\.\d+\.\d+\.\d+|[0-9a-f]*:[0-9a-f:]+)(?:/\d+|:\d+|\])")
-
 
 class Report:
     def __init__(self) -> None:
@@ -44,43 +44,6 @@ class Report:
         self.refused.append((e, why))
 
 
-def _addresses(text: str) -> set[str]:
-    return {m.split("]")[0] for m in ADDRESS.findall(text)}
-
-
-class Holders:
-    """Who holds addresses and containers now: records that are not dead, and host-local's reservations."""
-
-    def __init__(self, store: Store, cid: str, data_dirs: list[str]) -> None:
-        from cni_reaper.reap.evidence import HOLDING, View
-        from cni_reaper.reap.hostlocal import NetworkDir, networks_in
-        from cni_reaper.reap.sweep import judge_record
-
-        self.by_ip: dict[str, str] = {}
-        view = View()
-        for r in store.records():
-            cache_dir = (r["settings"] or {}).get("cniCacheDir", "/var/lib/cni")
-            if r["containerID"] != cid and judge_record(r, view, cache_dir)[0] in HOLDING:
-                for life in [r["current"], *r["earlier"]]:
-                    for ip in life["ips"]:
-                        self.by_ip[ip["address"]] = f"the attachment {r['containerID']} ({r['network']})"
-        for d in dict.fromkeys(data_dirs):
-            for n in networks_in(d):
-                nd = NetworkDir(d, n)
-                try:
-                    for res in nd.all():
-                        if res.owner[0] != cid:
-                            self.by_ip.setdefault(res.ip, f"{res.owner[0]}, whose reservation it is ({d}/{n})")
-                finally:
-                    nd.close()
-
-    def of(self, text: str) -> str | None:
-        for ip in _addresses(text):
-            if ip in self.by_ip:
-                return f"{ip} is held by {self.by_ip[ip]}"
-        return None
-
-
 def pending(store: Store, cid: str) -> list[Entry]:
     from cni_reaper.state import journal
 
@@ -89,6 +52,7 @@ def pending(store: Store, cid: str) -> list[Entry]:
 
 def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
     """Put back what the journal says was removed for `cid` (the caller holds the state lock)."""
+    from cni_reaper.reap.holders import Holders
     from cni_reaper.state.journal import Journal
 
     report = Report()
@@ -199,7 +163,7 @@ def _reservations(entries: list[Entry], holders: Holders, report: Report, dry_ru
                 why = "already back" if now.content == it["content"] else f"{it['ip']} is reserved by {now.owner[0]} now"
                 (report.ok if now.content == it["content"] else report.no)(e, why)
                 continue
-            held = holders.of(f"{it['ip']}/32")
+            held = holders.of({parse_ip(it["ip"])[1]})
             if held:
                 report.no(e, held)
                 continue
@@ -212,8 +176,7 @@ def _reservations(entries: list[Entry], holders: Holders, report: Report, dry_ru
 
 def _write_reservation(d: Any, it: dict[str, Any]) -> None:
     with d.locked(10):
-        fd = os.open(it["ip"], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, it.get("mode", 0o600),
-                     dir_fd=d.fd)
+        fd = open_regular(it["ip"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, it.get("mode", 0o600), dir_fd=d.fd)
         try:
             os.write(fd, it["content"].encode())
         finally:
@@ -221,14 +184,6 @@ def _write_reservation(d: Any, it: dict[str, Any]) -> None:
 
 
 # -- iptables ------------------------------------------------------------------------------------------
-def _ports_of(spec: str) -> set[tuple[str, str]]:
-    proto = re.search(r"-p (\w+)", spec)
-    ports = re.search(r"--dports? ([\d,:]+)", spec)
-    if not ports:
-        return set()
-    return {(proto.group(1) if proto else "", p) for p in ports.group(1).split(",")}
-
-
 def _iptables(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
     groups: dict[tuple[int, str], list[Entry]] = {}
     for e in entries:
@@ -271,7 +226,11 @@ class _IptablesPlan:
     """The restore lines that put the items back, checked against the tables as they are now."""
 
     def __init__(self, tables: dict[str, Any], holders: Holders) -> None:
+        from cni_reaper.reap.holders import PortMap
+
         self.tables, self.holders = tables, holders
+        self.ports = PortMap()
+        self.ports.add_iptables(tables)
         self.lines: dict[str, list[str]] = {}
         self.made: set[tuple[str, str]] = set()
         self.candidates: set[tuple[str, str]] = set()  # chains that may come back (if a jump to them does)
@@ -296,7 +255,13 @@ class _IptablesPlan:
         t = self.tables.get(it["table"])
         if t is not None and it["chain"] in t.chains:
             return f"{it['table']} {it['chain']} exists (a newer life of the container has it)"
-        return next((self.holders.of(spec) for spec in it["rules"] if self.holders.of(spec)), None)
+        return next((why for why in (self._held(it["chain"], spec) for spec in it["rules"]) if why), None)
+
+    def _held(self, chain: str, spec: str) -> str | None:
+        from cni_reaper.reap.holders import rule_addresses
+        from cni_reaper.reap.netfilter.iptables.rules import parse_rule
+
+        return self.holders.of(rule_addresses(parse_rule(chain, spec)))
 
     def take(self, e: Entry, report: Report) -> None:
         it = e.item
@@ -319,9 +284,9 @@ class _IptablesPlan:
             if why:
                 report.no(e, why)
                 return
-            jump = re.search(r"-[jg] (\S+)", it["spec"])
-            if jump:
-                self.jumped.add((table, jump.group(1)))
+            target = _target(chain, it["spec"])
+            if target:
+                self.jumped.add((table, target))
             length = len(self.tables[table].chains.get(chain, [])) + self.inserted.get((table, chain), 0)
             pos = min(it.get("index", 0), length)  # its position then, the others being as they were
             self.inserted[(table, chain)] = self.inserted.get((table, chain), 0) + 1
@@ -331,24 +296,37 @@ class _IptablesPlan:
         report.ok(e, f"ipv{it['family']} {table} {chain}: {it.get('what', '')}")
 
     def _conflict(self, table: str, chain: str, spec: str) -> str | None:
+        """Why a rule may not be put back: its chain or target is not there, an address it names is held by
+        another attachment (untagged rules of it, firewall's, are that attachment's now, whatever they look
+        like), it is there already, or it maps a host port another container maps now."""
+        from cni_reaper.reap.holders import IPTABLES_DNAT_CHAIN, iptables_owner, rule_ports
+        from cni_reaper.reap.netfilter.iptables.rules import parse_rule
+
         t = self.tables.get(table)
         if t is None or chain not in t.chains:
             return f"{table} {chain} is not there"
+        held = self._held(chain, spec)
+        if held:
+            return held
         if any(r.spec == spec for r in t.chains[chain]):
             return "already there"
-        jump = re.search(r"-[jg] (\S+)", spec)
-        if jump and jump.group(1).startswith("CNI-") and not self._exists(table, jump.group(1)):
-            return f"its target chain {jump.group(1)} is not there"
-        if chain == "CNI-HOSTPORT-DNAT":
-            taken = {p for r in t.chains[chain] for p in _ports_of(r.spec)} & _ports_of(spec)
-            if taken:
-                return f"host port {sorted(taken)[0][1]}/{sorted(taken)[0][0]} is mapped by another allocation now"
-        return self.holders.of(spec)
+        rule = parse_rule(chain, spec)
+        if rule.target and rule.target.startswith("CNI-") and not self._exists(table, rule.target):
+            return f"its target chain {rule.target} is not there"
+        if chain == IPTABLES_DNAT_CHAIN:
+            return self.ports.shadowed(rule_ports(rule), iptables_owner(rule.comment))
+        return None
+
+
+def _target(chain: str, spec: str) -> str | None:
+    from cni_reaper.reap.netfilter.iptables.rules import parse_rule
+
+    return parse_rule(chain, spec).target
 
 
 # -- native nftables, libcni's cache, the record -----------------------------------------------------------
 def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
-    from cni_reaper import jsonio
+    from cni_reaper.reap.holders import PortMap
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.nftables.backend import NftBackend
 
@@ -361,21 +339,20 @@ def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: boo
         for e in entries:
             report.no(e, f"the native tables cannot be read: {exc}")
         return
-    now = {jsonio.dumps([r.chain, (r.raw or {}).get("expr")]) for r in present}
+    ports = PortMap()
+    ports.add_native(present)
+    now = {_native_key(r.raw or {}) for r in present}
     adds, ok = [], []
     for e in entries:
         rule = e.item["rule"]
-        text = jsonio.dumps(rule)
-        held = holders.of(" ".join(f"{a}/32" for a in re.findall(r'"(\d+\.\d+\.\d+\.\d+)"', text)))
-        if jsonio.dumps([rule.get("chain"), rule.get("expr")]) in now:
-            report.ok(e, "already there")
-        elif held:
-            report.no(e, held)
-        else:
-            adds.append({k: v for k, v in rule.items() if k != "handle"})  # journaled with its handle since 0.4
+        verdict, why = _native_verdict(rule, holders, ports, now)
+        if verdict == "add":
+            adds.append({k: v for k, v in rule.items() if k != "handle"})
             ok.append(e)
-            now.add(jsonio.dumps([rule.get("chain"), rule.get("expr")]))  # journaled twice: put back once
+            now.add(_native_key(rule))  # journaled twice: put back once
             report.ok(e, f"nft {e.item['family']} {e.item['table']} {e.item['chain']}: {e.item.get('what', '')}")
+        else:
+            (report.ok if verdict == "there" else report.no)(e, why)
     if adds and not dry_run:
         try:
             nft.add(adds)
@@ -383,6 +360,31 @@ def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: boo
             for e in ok:
                 report.restored = [(x, w) for x, w in report.restored if x is not e]
                 report.no(e, f"nft: {exc}")
+
+
+def _native_verdict(rule: dict[str, Any], holders: Holders, ports: Any, now: set[str]) -> tuple[str, str]:
+    """("add", ""), ("there", why) or ("no", why) for one journaled native rule, against the rules there now."""
+    from cni_reaper.reap.holders import native_addresses, native_ports
+    from cni_reaper.reap.netfilter.nftables.rules import DNAT_CHAINS, parse_rule
+
+    parsed = parse_rule(dict(rule, handle=0))  # journaled with its handle since 0.4; added back without
+    if parsed is None:
+        return "no", "its journaled rule is not one of the plugins' native rules"
+    if _native_key(rule) in now:
+        return "there", "already there"
+    held = holders.of(native_addresses(parsed))
+    if held is None and parsed.chain in DNAT_CHAINS:
+        held = ports.shadowed(native_ports(parsed), parsed.comment or "")
+    return ("no", held) if held else ("add", "")
+
+
+def _native_key(rule: dict[str, Any]) -> str:
+    """What makes a native rule the same rule: where it is, what it matches and does, and whose it is (its
+    comment: a live allocation's masquerade of the same address is another rule)."""
+    from cni_reaper import jsonio
+
+    return jsonio.dumps([rule.get("family"), rule.get("table"), rule.get("chain"), rule.get("expr"),
+                         rule.get("comment")])
 
 
 def _cache(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
@@ -410,8 +412,11 @@ def _cache(entries: list[Entry], holders: Holders, report: Report, dry_run: bool
             continue
         if not dry_run:
             tmp = f"{path}.cni-reaper-undo"
-            with open(tmp, "w") as f:
-                f.write(it["content"])
+            fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, it["content"].encode())
+            finally:
+                os.close(fd)
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)
         report.ok(e, f"libcni's cached result {it['entry']}")

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
+from cni_reaper.reap import probes
 from cni_reaper.reap.sweep import sweep_quietly
 from cni_reaper.state.record import merge, same_life
 from cni_reaper.state.store import Store
@@ -21,6 +22,11 @@ def run(inv: Invocation) -> None:
         raise CniError(INVALID_CONFIG, "CHECK needs prevResult",
                        "cni-reaper must be chained after an interface-creating plugin")
     current = current_life(inv)
+    if current["netnsId"] is None and probes.maybe_there(inv.netns):
+        # the path cannot be looked at (EACCES, EIO, ...): nothing is known of it, so nothing is judged,
+        # recorded or failed (a failed CHECK makes the runtime destroy the allocation's network)
+        log.warn("CHECK cannot look at the netns path; the record is left as it is", netns=inv.netns)
+        return None
     if current["netnsId"] is None:
         raise CniError(UNKNOWN_CONTAINER, f"{inv.netns} is not a network namespace",
                        "the container's network namespace is gone; the runtime should recreate the network")

@@ -53,7 +53,7 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
     j = Judged(record, DEAD, "DEL", s, earlier, by_runtime=True)
     if not same:
         lives = [record["current"], *record["earlier"]]
-        return [dead_target(j, view, keep_masq_chain=probes.netns_id(inv.netns) is not None,
+        return [dead_target(j, view, keep_masq_chain=probes.maybe_there(inv.netns),
                             parts=PARTS - {"reservation"}, lives=lives)]
     targets = []
     if parts:
@@ -123,7 +123,7 @@ def _run(inv: Invocation, beside: bool = False) -> None:
                     extra = []
                 if record["deleted"] is None:
                     s = record["settings"] or {"cniCacheDir": conf.cniCacheDir}
-                    record["deleted"] = tombstone(probes.netns_id(inv.netns) is None, conf.prevResult is not None,
+                    record["deleted"] = tombstone(not probes.maybe_there(inv.netns), conf.prevResult is not None,
                                                   bool(conf.portMappings), verify=verify,
                                                   cached=cache.exists(s["cniCacheDir"], *key(record)))
                 store.save(record)

@@ -18,9 +18,13 @@ from cni_reaper.state.safedir import SafeDir
 
 
 def same_life(record: dict[str, Any], inv: Invocation) -> bool:
-    """This DEL's netns is the recorded path and holds the very namespace recorded."""
+    """This DEL's netns is the recorded path and holds the very namespace recorded (a path that cannot be
+    looked at: not known to, so no)."""
     cur = record["current"]
-    now, rec = probes.netns_id(inv.netns), cur["netnsId"]
+    try:
+        now, rec = probes.netns_id(inv.netns), cur["netnsId"]
+    except probes.Unseen:
+        return False
     if now is None or inv.netns != cur["netns"]:
         return False
     if rec is None:

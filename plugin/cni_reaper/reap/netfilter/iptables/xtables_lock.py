@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from cni_reaper.locking import flock_within
+from cni_reaper.files import flock_within
 from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
 
 LOCK_PATH = os.environ.get("XTABLES_LOCKFILE", "/run/xtables.lock")

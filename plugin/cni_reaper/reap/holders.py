@@ -1,0 +1,205 @@
+"""What something live may hold now, asked by whatever puts back what a clean-up removed (tools/undo.py): the
+addresses a rule names and the host ports it maps, read from parsed rules (iptables' saved text through
+`iptables.rules.parse_rule`, native rules through `nftables.rules.parse_rule`), both families, and who holds
+an address (records that are not dead, host-local's reservations) or maps a host port (the hostport DNAT
+chains as they are now, both worlds).
+
+A put-back is refused when one address it names is held by another attachment, or when it maps a host port
+(protocol and port; with or without a host IP: a mapping of a host IP is evaluated first and would shadow
+the live one, one without shadows it where the live one has none) that another container maps now. The
+sweep's own question, what of a dead attachment's leftovers someone else holds under host-local's locks, is
+claims.py's; both read a record's holdings through `sweep.judge_record` and HOLDING.
+"""
+
+from __future__ import annotations
+
+from cni_reaper.cni.ipaddr import parse_ip
+from cni_reaper.reap.values import Value
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.reap.netfilter.iptables.rules import Rule, Table
+    from cni_reaper.reap.netfilter.nftables.rules import NativeRule
+    from cni_reaper.state.store import Store
+
+PROTOCOLS = ("tcp", "udp", "sctp")
+IPTABLES_DNAT_CHAIN = "CNI-HOSTPORT-DNAT"
+
+
+class HostPort(Value):
+    """A host port a rule maps: protocol ("" when the rule names none: every protocol), port, host IP ("" for
+    every address)."""
+
+    __slots__ = ("host_ip", "port", "proto")
+
+    def __init__(self, proto: str, port: int, host_ip: str = "") -> None:
+        self.proto, self.port, self.host_ip = proto, port, host_ip
+
+    def clashes(self, other: HostPort) -> bool:
+        """The same port of the same protocol (either naming none), whatever host IP either maps."""
+        return self.port == other.port and (self.proto == other.proto or not self.proto or not other.proto)
+
+    def __str__(self) -> str:
+        return f"{self.port}/{self.proto or 'any'}" + (f" on {self.host_ip}" if self.host_ip else "")
+
+
+def address(text: str | None) -> str | None:
+    """The address of `10.0.0.2`, `10.0.0.2/32`, `10.0.0.2:80`, `[fd00::2]:80`, `fd00::2/128` (None: none)."""
+    if not text:
+        return None
+    t = text[1:].split("]")[0] if text.startswith("[") else text.split("/")[0]
+    if t.count(":") == 1 and "." in t:
+        t = t.split(":")[0]
+    try:
+        return parse_ip(t)[1]
+    except ValueError:
+        return None
+
+
+# -- what a rule names -------------------------------------------------------------------------------------
+_ADDRESS_OPTIONS = ("-s", "--source", "-d", "--destination", "--to-destination", "--to-source")
+
+
+def rule_addresses(rule: Rule) -> set[str]:
+    """Every address an iptables rule names (source, destination, DNAT and SNAT targets), both families."""
+    tokens = rule.tokens
+    out = {address(tokens[i + 1]) for i, tok in enumerate(tokens[:-1]) if tok in _ADDRESS_OPTIONS}
+    return {a for a in out if a}
+
+
+def rule_ports(rule: Rule) -> set[HostPort]:
+    """The host ports an iptables rule of CNI-HOSTPORT-DNAT maps (`-p P ... --dports A,B` or `--dport A`)."""
+    tokens = rule.tokens
+    proto, host_ip, ports = "", "", []
+    for i, tok in enumerate(tokens[:-1]):
+        value = tokens[i + 1]
+        if tok in ("-p", "--protocol") and (i == 0 or tokens[i - 1] != "!"):
+            proto = value.lower()
+        elif tok in ("-d", "--destination") and (i == 0 or tokens[i - 1] != "!"):
+            host_ip = address(value) or ""
+        elif tok in ("--dports", "--dport", "--destination-ports", "--destination-port"):
+            ports += _port_list(value)
+    return {HostPort(proto, p, host_ip) for p in ports}
+
+
+def _port_list(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition(":")
+        if low.isdigit() and (not high or high.isdigit()):
+            out += range(int(low), int(high or low) + 1) if int(high or low) - int(low) < 65536 else []
+    return out
+
+
+def native_addresses(rule: NativeRule) -> set[str]:
+    """Every address a native rule of the plugins names (source, destination, DNAT target), both families."""
+    out = {address(a) for a in (rule.saddr, rule.daddr, rule.dnat_addr)}
+    return {a for a in out if a}
+
+
+def native_ports(rule: NativeRule) -> set[HostPort]:
+    """The host ports a native DNAT rule of portmap maps: its `dport` match, of the protocol it names (`tcp
+    dport`, `udp dport`, `sctp dport`, or `meta l4proto P th dport`), with the host IP of `hostip_hostports`."""
+    proto, ports = "", []
+    for e in rule.raw.get("expr") or [] if isinstance(rule.raw, dict) else []:
+        m = e.get("match") if isinstance(e, dict) else None
+        if not isinstance(m, dict) or m.get("op") not in ("==", "in"):
+            continue
+        left, right = m.get("left"), m.get("right")
+        payload = left.get("payload") if isinstance(left, dict) else None
+        meta = left.get("meta") if isinstance(left, dict) else None
+        if isinstance(payload, dict) and payload.get("field") == "dport":
+            if payload.get("protocol") in PROTOCOLS:
+                proto = payload["protocol"]
+            ports += _native_port_values(right)
+        elif isinstance(meta, dict) and meta.get("key") == "l4proto" and right in PROTOCOLS:
+            proto = str(right)
+    host_ip = (address(rule.daddr) or "") if rule.chain == "hostip_hostports" else ""
+    return {HostPort(proto, p, host_ip) for p in ports}
+
+
+def _native_port_values(right: Any) -> list[int]:
+    if isinstance(right, int) and not isinstance(right, bool):
+        return [right]
+    if isinstance(right, dict) and isinstance(right.get("set"), list):
+        return [p for v in right["set"] for p in _native_port_values(v)]
+    if isinstance(right, dict) and isinstance(right.get("range"), list) and len(right["range"]) == 2:
+        low, high = right["range"]
+        if isinstance(low, int) and isinstance(high, int) and 0 <= high - low < 65536:
+            return list(range(low, high + 1))
+    return []
+
+
+# -- who holds them now -------------------------------------------------------------------------------------
+class Holders:
+    """Who holds addresses now: records that are not dead (every life of them), and host-local's reservations
+    naming another container than `cid`, in the data directories given and those records name."""
+
+    def __init__(self, store: Store, cid: str, data_dirs: list[str]) -> None:
+        from cni_reaper.reap.evidence import HOLDING, View
+        from cni_reaper.reap.hostlocal import NetworkDir, networks_in
+        from cni_reaper.reap.sweep import judge_record
+        from cni_reaper.state.record import ips
+
+        self.by_ip: dict[str, str] = {}
+        view = View()
+        for r in store.records():
+            cache_dir = (r["settings"] or {}).get("cniCacheDir", "/var/lib/cni")
+            if r["containerID"] != cid and judge_record(r, view, cache_dir)[0] in HOLDING:
+                for ip in ips(r["current"], *r["earlier"]):
+                    self.by_ip[ip] = f"the attachment {r['containerID']} ({r['network']})"
+        for d in dict.fromkeys(data_dirs):
+            for n in networks_in(d):
+                nd = NetworkDir(d, n)
+                try:
+                    for res in nd.all():
+                        if res.owner[0] != cid:
+                            self.by_ip.setdefault(res.ip, f"{res.owner[0]}, whose reservation it is ({d}/{n})")
+                finally:
+                    nd.close()
+
+    def of(self, addresses: set[str]) -> str | None:
+        """Why one of `addresses` may not be put back (None: no one else holds any)."""
+        for ip in sorted(addresses):
+            if ip in self.by_ip:
+                return f"{ip} is held by {self.by_ip[ip]}"
+        return None
+
+
+class PortMap:
+    """The host ports mapped now, and by whom (a rule's comment: the plugins tag both worlds' DNAT with the
+    container), from the hostport DNAT chains of the tables read (iptables) and the native hostport chains."""
+
+    def __init__(self) -> None:
+        self.mapped: list[tuple[HostPort, str]] = []
+
+    def add_iptables(self, tables: dict[str, Table]) -> None:
+        nat = tables.get("nat")
+        for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []) if nat is not None else []:
+            self.mapped += [(p, iptables_owner(r.comment)) for p in rule_ports(r)]
+
+    def add_native(self, rules: list[NativeRule]) -> None:
+        from cni_reaper.reap.netfilter.nftables.rules import DNAT_CHAINS, HOSTPORT_TABLES
+
+        for r in rules:
+            if (r.family, r.table) in HOSTPORT_TABLES and r.chain in DNAT_CHAINS and r.action == "dnat":
+                self.mapped += [(p, r.comment or "") for p in native_ports(r)]
+
+    def shadowed(self, ports: set[HostPort], cid: str) -> str | None:
+        """Why mapping `ports` for container `cid` would shadow another container's mapping now (a mapping
+        whose owner no tag names is another's too)."""
+        for p in sorted(ports, key=str):
+            for q, who in self.mapped:
+                if p.clashes(q) and who != cid:
+                    return f"host port {p.port}/{p.proto or q.proto or 'any'} is mapped by another allocation now"
+        return None
+
+
+def iptables_owner(comment: str | None) -> str:
+    """The container ID an iptables rule's tag names ("" for none)."""
+    from cni_reaper.reap.netfilter.iptables.plan import parse_tag
+
+    tag = parse_tag(comment or "")
+    return tag[2] if tag else ""

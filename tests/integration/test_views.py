@@ -1,0 +1,131 @@
+"""Every identity and view judged as the namespace's, not the observer's (issue 32, cases 4, 5 and 7):
+
+- a netns path that cannot be looked at (EACCES: a process without CAP_DAC_OVERRIDE, as the shipped timer's
+  service runs, and a directory it may not search) is unknown, never gone: its attachment is neither
+  cleaned nor marked, and the ADD, CHECK and DEL that meet it succeed;
+- a log file that is a FIFO nobody reads (or any other file that is no regular one) never stalls a verb.
+
+Direct plugin calls in a throwaway sandbox: the namespaces, the state and the log are the sandbox's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from testkit.sandbox import DEBIAN12, open_sandbox, unique
+
+pytestmark = pytest.mark.netns
+NET = "nomad-reaper"
+NO_DAC = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", 'exec "$0"']
+
+
+@pytest.fixture
+def sandbox_one(tmp_path, package_exe):
+    """A sandbox of Debian 12's stack (what is tested is cni-reaper's own observation of the host)."""
+    with open_sandbox(tmp_path, "nft", package_exe, DEBIAN12) as sb:
+        yield sb
+
+
+def conf(sb, ip: str, veth: str | None = None, **extra) -> dict:
+    interfaces = [{"name": "eth0", "sandbox": "x"}] + ([{"name": veth}] if veth else [])
+    prev = {"cniVersion": "1.0.0", "interfaces": interfaces, "ips": [{"address": f"{ip}/24", "interface": 0}]}
+    return {"cniVersion": "1.0.0", "name": NET, "type": "cni-reaper", "logFile": str(sb.log_file),
+            "capabilities": {"portMappings": True}, "prevResult": prev, **extra}
+
+
+def call(sb, command: str, cid: str, netns: str, doc: dict, pre: str = "", no_dac: bool = False,
+         timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
+           "CNI_PATH": f"{sb.plugin_dir}:{sb.plugins}"}
+    argv = [*NO_DAC, str(sb.plugin_dir / "cni-reaper")] if no_dac else [str(sb.plugin_dir / "cni-reaper")]
+    return sb.run(argv, env=env, input=json.dumps(doc), pre=pre, timeout=timeout)
+
+
+def reserve(sb, ip: str, cid: str) -> None:
+    d = sb.cni_dir / "networks" / NET
+    d.mkdir(parents=True, exist_ok=True)
+    (d / ip).write_text(f"{cid}\r\neth0")
+
+
+def log_lines(sb) -> list[dict]:
+    return [json.loads(l) for l in sb.log_file.read_text().splitlines()] if sb.log_file.exists() else []
+
+
+def test_a_netns_path_that_cannot_be_looked_at_is_unknown_never_dead(sandbox_one):
+    """A live attachment whose netns sits in a directory the sweeping process may not search (it runs without
+    CAP_DAC_OVERRIDE): its own ADD, CHECK and the sweeps of others' calls keep it, with its reservation; the
+    log says why it could not be judged. On 0.4.0 the ADD's own sweep judged it dead ("its netns is gone")."""
+    sb = sandbox_one
+    locked = sb.root / "locked"
+    locked.mkdir()
+    (locked / "ns").touch()
+    real = sb.container()
+    bind = f'mount --bind {real} {locked}/ns && chmod 000 {locked}'
+    cid, ip = unique("alloc-"), "10.99.0.2"
+    reserve(sb, ip, cid)
+    add = call(sb, "ADD", cid, f"{locked}/ns", conf(sb, ip), pre=bind, no_dac=True)
+    assert add.returncode == 0 and json.loads(add.stdout)["ips"][0]["address"] == f"{ip}/24", add.stdout + add.stderr
+    check = call(sb, "CHECK", cid, f"{locked}/ns", conf(sb, ip), pre=bind, no_dac=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    other = unique("alloc-")
+    reserve(sb, "10.99.0.3", other)
+    again = call(sb, "ADD", other, sb.container(), conf(sb, "10.99.0.3"), pre=bind, no_dac=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    record = sb.record(cid)
+    assert record is not None and "left" not in record, record
+    assert (sb.cni_dir / "networks" / NET / ip).exists(), "a live attachment's reservation was released"
+    mine = [l for l in log_lines(sb) if l.get("containerID") == cid or cid in str(l.get("why", ""))]
+    assert not [l for l in mine if l["msg"] in ("record dropped", "removed", "left for the runtime's DEL or GC")], mine
+    # the same attachment seen by a process that can look: alive
+    out = sb.cli("list", "--json")
+    states = {r["containerID"]: r["state"] for r in json.loads(out.stdout)}
+    assert states[cid] in ("live", "unknown"), states
+    os.chmod(locked, 0o755)
+
+
+def test_del_of_a_path_that_cannot_be_looked_at_succeeds(sandbox_one):
+    sb = sandbox_one
+    locked = sb.root / "locked"
+    locked.mkdir()
+    (locked / "ns").touch()
+    real = sb.container()
+    bind = f'mount --bind {real} {locked}/ns && chmod 000 {locked}'
+    cid, ip = unique("alloc-"), "10.99.0.4"
+    reserve(sb, ip, cid)
+    assert call(sb, "ADD", cid, f"{locked}/ns", conf(sb, ip), pre=bind).returncode == 0
+    dl = call(sb, "DEL", cid, f"{locked}/ns", conf(sb, ip), pre=bind, no_dac=True)
+    assert dl.returncode == 0 and dl.stdout.strip() == "", dl.stdout + dl.stderr
+    os.chmod(locked, 0o755)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "socket"])
+def test_a_log_file_that_is_no_regular_file_never_stalls_a_verb(sandbox_one, kind):
+    """logFile names a FIFO nobody reads (or a directory, a socket): ADD, CHECK, DEL and STATUS return at once,
+    with their results, and write nothing there. On 0.4.0 an ADD blocked for good on the FIFO."""
+    import socket
+
+    sb = sandbox_one
+    where = sb.root / f"log-{kind}"
+    if kind == "fifo":
+        os.mkfifo(where)
+    elif kind == "directory":
+        where.mkdir()
+    else:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(where))
+    cid, ip = unique("alloc-"), "10.99.0.5"
+    netns = sb.container()
+    doc = conf(sb, ip, logFile=str(where), capabilities={})  # no portMappings capability: the ADD warns
+    started = time.monotonic()
+    for command in ("ADD", "CHECK", "DEL"):
+        proc = call(sb, command, cid, netns, doc, timeout=20)
+        assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
+    rc, _, err = sb.status(logFile=str(where))
+    assert rc == 0, err
+    assert time.monotonic() - started < 20
+    if kind == "directory":
+        assert list(where.iterdir()) == []
