@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -32,8 +31,9 @@ def test_add_records_attachment_with_netns_identity_ips_and_ports(sandbox):
     assert cur["netnsDir"]["dev"] == d.st_dev and cur["netnsDir"]["ino"] == d.st_ino
     assert cur["netnsDir"]["groups"]  # /run/netns is shared (iproute2 makes it so): its peer group
     host_ns = sandbox.run(["stat", "-L", "-c", "%i", "/proc/self/ns/net"], check=True).stdout.strip()
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    assert cur["host"]["boot"] == boot and cur["host"]["netns"] == int(host_ns)
+    # the boot id the sandbox's processes read, from a file mounted over /proc's: recorded with that view
+    boot = sandbox.run(["cat", "/proc/sys/kernel/random/boot_id"], check=True).stdout.strip()
+    assert cur["host"]["boot"] == boot + "@bound" and cur["host"]["netns"] == int(host_ns)
     # the host side of the veth pair, as bridge's result names it, with its index in the host netns
     veth = [i["name"] for i in json.loads(proc.stdout)[-1]["interfaces"] if i["name"].startswith("veth")]
     assert cur["veth"]["name"] == veth[0]

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from testkit.sandbox import DEBIAN12, open_sandbox, unique
+from testkit.sandbox import DEBIAN12, ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
@@ -129,3 +129,25 @@ def test_a_log_file_that_is_no_regular_file_never_stalls_a_verb(sandbox_one, kin
     assert time.monotonic() - started < 20
     if kind == "directory":
         assert list(where.iterdir()) == []
+
+
+def test_a_boot_id_read_in_another_view_is_no_reboot(sandbox_one):
+    """Issue 32, case 7: the runtime's ADD read the boot id of a container (a file mounted over /proc's, as
+    systemd-nspawn gives one); the periodic sweep's service reads /proc's own (ProtectKernelTunables= remounts
+    /proc/sys). Same host, same boot: the live allocation keeps every rule and its reservation. On 0.4.0 the
+    sweep dropped its record and removed them all ("the host has booted since it was recorded")."""
+    sb = sandbox_one
+    cid, netns = unique("alloc-"), sb.container()
+    ips = ips_of(sb.driver("add", cid, netns, ("8080:80/tcp", "8080:80/udp")))
+    before = sb.residue(NET, cid, ips)
+    assert before and any(l.startswith("reservation") for l in before)
+    other_view = "umount /proc/sys/kernel/random/boot_id"
+    out = sb.run([str(sb.plugin_dir / "cni-reaper"), "sweep", "--apply", "--cni-conf-dir", str(sb.root / "none")],
+                 pre=other_view)
+    assert out.returncode in (0, 4), out.stdout + out.stderr
+    assert sb.residue(NET, cid, ips) == before, out.stdout + out.stderr
+    assert sb.record(cid) is not None
+    # and a real reboot, seen in the view the allocation was recorded in, still is one
+    sb.reboot()
+    assert sb.cli("sweep", "--apply").returncode in (0, 4)
+    assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None

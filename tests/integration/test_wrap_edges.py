@@ -220,3 +220,28 @@ def test_a_settings_file_named_but_missing_is_an_error_and_an_empty_path_is_said
         env, stdin = _add_request()
         out = sb.run([str(client.wrap / "portmap")], env={**env, "CNI_PATH": ":"}, input=stdin)
         assert out.returncode == 1 and json.loads(out.stdout)["code"] == 5 and "(an empty path)" in out.stdout, out
+
+
+@pytest.mark.parametrize("where", ["network", "top"])
+def test_observe_mode_set_in_the_settings_file_is_kept_by_every_networks_sweep(tmp_path, flavour, package_exe, where):
+    """Issue 32, case 3: a wrapped network was served in clean mode (the state directory says clean), then the
+    operator sets observe in the settings file (`networks.obs.mode`, or the top-level `mode`) and one of its
+    allocations dies. The next ADD on another wrapped network reads that file: it removes nothing of the
+    observed network (rules and reservation stay), and says what it would. On 0.4.0 it removed them all,
+    judging the observed network's mode from the state directory alone."""
+    with open_sandbox(tmp_path, flavour, package_exe) as sb:
+        client = Client(sb)
+        obs = _obs_conflist(sb)
+        dead, ns = unique("alloc-"), sb.container()
+        ips = ips_of(sb.driver("add", dead, ns, ("8083:80/tcp",), obs))
+        kept = sb.residue("obs", dead, ips)
+        assert kept and any(l.startswith("reservation") for l in kept)
+        observe = {"networks": {"obs": {"mode": "observe"}}} if where == "network" else {"mode": "observe"}
+        client.settings.write_text(json.dumps({"logFile": str(sb.log_file), **observe}))
+        sb.remove_container(ns)
+        assert client.driver("add", unique("alloc-"), sb.container(), ("8084:80/tcp",)).returncode == 0
+        assert sb.residue("obs", dead, ips) == kept
+        assert dead in {r["containerID"] for r in sb.records()}
+        lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
+        assert [l for l in lines if l["msg"] == "would remove" and l.get("containerID") == dead], lines[-5:]
+        assert not [l for l in lines if l["msg"] == "removed" and l.get("containerID") == dead]

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -233,7 +234,10 @@ class Sandbox:
         self.bin_dir = flavour_bin_dir(root, flavour)
         self.host = unique("crt-h")
         self.containers: list[str] = []
-        self.boot_file: Path | None = None  # after reboot(): the boot id the sandbox's processes read
+        # the boot id the sandbox's processes read, mounted over /proc's (as systemd-nspawn gives a container its
+        # own): a new one after reboot(); a process that unmounts it reads the machine's, in another view
+        self.boot_file = root / "boot-id-0"
+        self.boot_file.write_text(f"{uuid.uuid4()}\n")
         self.extra_env: dict[str, str] = {}  # for every process run in the sandbox (e.g. CNI_REAPER_CONFIG)
         self.plugin_path = ""  # the runtime's plugin directories, when not the sandbox's own then the reference plugins
         os.makedirs("/var/lib/cni", exist_ok=True)  # the mount point; empty on a fresh machine
@@ -294,9 +298,9 @@ class Sandbox:
 
     def wrap(self, argv: list[str], pre: str = "") -> list[str]:
         """argv run inside the host netns, in a private mount namespace with the sandbox's /var/lib/cni and
-        /var/log, and after reboot() its own boot id (and `pre`, shell commands run first in that namespace,
+        /var/log, and its own boot id (and `pre`, shell commands run first in that namespace,
         e.g. to hide a binary)."""
-        boot = f'mount --bind "{self.boot_file}" /proc/sys/kernel/random/boot_id && ' if self.boot_file else ""
+        boot = f'mount --bind "{self.boot_file}" /proc/sys/kernel/random/boot_id && '
         return ["ip", "netns", "exec", self.host, "sh", "-c",
                 f'mount --bind "$0" /var/lib/cni && mount --bind "$1" /var/log && mount --bind "$2" /run/cni && '
                 f'shift 2 && {boot}{pre + " && " if pre else ""}exec "$@"', str(self.cni_dir), str(self.var_log),
@@ -432,8 +436,6 @@ class Sandbox:
         back into a fresh host netns, the sandbox's processes read a new boot id, /var/lib/cni (records,
         reservations) survives but for `tmpfs_dirs` (paths under it that are emptied, as a tmpfs is: Nomad
         1.9.4+ keeps host-local's reservations in /var/run/cni)."""
-        import uuid
-
         saved = {f: self.save(f) for f in (4, 6)}
         self.boot_file = self.root / f"boot-id-{next(_counter)}"
         self.boot_file.write_text(f"{uuid.uuid4()}\n")

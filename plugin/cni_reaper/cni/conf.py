@@ -139,6 +139,7 @@ class Conf:
         "stateDir",
         "type",
         "warnings",
+        "wrapped_by",
     )
     backend: str
     cniCacheDir: str
@@ -153,6 +154,7 @@ class Conf:
     stateDir: str | None  # None only for a DEL that goes on without one
     type: str
     warnings: list[str]
+    wrapped_by: Any  # cni.settings_file.Settings: the settings file of the wrapper that serves this call (None: chained)
 
     def __init__(self, **kw: Any) -> None:
         for k in self.__slots__:
@@ -193,7 +195,7 @@ def _backend(v: dict[str, Any], warnings: list[str]) -> str:
     return backend
 
 
-def _mode(v: dict[str, Any], warnings: list[str]) -> str:
+def mode_of(v: dict[str, Any], warnings: list[str]) -> str:
     """clean (the default) or observe; a value that is neither is taken for observe, the safe side (a typo
     must not make a janitor remove what its operator only meant it to watch)."""
     given = v.get("mode", "clean")
@@ -240,7 +242,7 @@ def parse(raw: dict[str, Any], top: dict[str, Any] | None = None, lenient: bool 
     c.cniCacheDir = _own_path(v, "cniCacheDir", DEFAULT_CNI_CACHE_DIR, warnings)
     c.logFile = _own_path(v, "logFile", DEFAULT_LOG_FILE, warnings, empty_ok=True)
     c.backend = _backend(v, warnings)
-    c.mode = _mode(v, warnings)
+    c.mode = mode_of(v, warnings)
     c.lockTimeout = _lock_timeout(v, warnings)
     c.prevResult = _prev_result(v, lenient, warnings)
     caps = v.get("capabilities")

@@ -92,9 +92,9 @@ def _narrow(targets: list[Target], claims: Claims, outcome: Outcome) -> tuple[li
         narrowed.append(n)
         protected[t.key] = {ip for ip in kin_free if not claims.ip_free(t, ip)}
         for ip in sorted(t.dead_ips - kin_free):
-            outcome.skipped.append(f"{t.network} {t.container_id} {ip}: {claims.why_kept(t, ip)}")
+            outcome.leave(t.network, t.container_id, ip, claims.why_kept(t, ip))
         if t.whole and not whole:
-            outcome.skipped.append(f"{t.network} {t.container_id}: {claims.why_chains_kept(t)}")
+            outcome.leave(t.network, t.container_id, "", claims.why_chains_kept(t))
         unseen = claims.unseen(t)
         if unseen is not None:
             outcome.waiting[t.key] = unseen
@@ -338,4 +338,4 @@ def _verify_dir(t: Target, ip: str, dirs: dict[tuple[str, str], NetworkDir], out
     else:
         why = f"{e.data_dir}/{t.network} here is on another file system than when recorded"
     outcome.unverified.add(t.key)
-    outcome.skipped.append(f"{t.network} {t.container_id} {ip}: reservation not verified gone ({why})")
+    outcome.leave(t.network, t.container_id, ip, f"reservation not verified gone ({why})")

@@ -7,7 +7,8 @@ inode, an ADD still in flight. When the evidence is not there the answer is UNKN
 depends on it is removed; the reason is given to the log, the CLI and `doctor`.
 
 A recorded life (one ADD of an attachment) is
-- dead when the host has booted since it was recorded (namespaces never survive a boot); when, in a view of
+- dead when the host has booted since it was recorded (namespaces never survive a boot), the boot IDs read
+  in the same view (both from /proc, or both from a file mounted over it: probes.same_boot); when, in a view of
   its netns directory that is the one it was recorded in (same directory: device and inode), its netns path
   holds no namespace or another one (another inode, or the same recycled inode made at another time); or
   when, in the network namespace it was recorded in, the host side of its veth pair is gone or is another
@@ -167,7 +168,7 @@ def judge_life(f: Facts, view: View) -> tuple[str, str]:
     if f.boot is not None:
         if f.machine and h.machine and f.machine != h.machine:
             return UNKNOWN, "recorded on another machine (machine-id differs): not this host's to clean"
-        if f.boot != h.boot:
+        if probes.same_boot(f.boot, h.boot) is False:
             return DEAD, "the host has booted since it was recorded"
     path, path_why = _path_evidence(f, view)
     if path == LIVE:
@@ -207,7 +208,8 @@ def live_at_path(quick: QuickView, view: View) -> set[str]:
 def out_of_reach(f: Facts, view: View) -> str | None:
     """Why this process cannot clean a dead life's leftovers (None: it can): its rules are in the network
     namespace it was recorded in, and this process runs in another one (in the same boot)."""
-    if f.host_netns is not None and f.boot == view.host.boot and f.host_netns != view.host.netns:
+    if (f.host_netns is not None and f.boot is not None and view.host.boot is not None
+            and probes.same_boot(f.boot, view.host.boot) and f.host_netns != view.host.netns):
         return "this process runs in another network namespace than the attachment's host (its rules are there)"
     return None
 

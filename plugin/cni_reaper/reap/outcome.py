@@ -9,14 +9,15 @@ Key = tuple[str, str, str]  # (network, container ID, ifname)
 
 
 class Outcome:
-    __slots__ = ("backends", "counts", "errors", "failed", "held", "removed", "skipped", "unknown", "unverified",
-                 "waiting", "would", "would_counts")
+    __slots__ = ("backends", "counts", "errors", "failed", "held", "left", "removed", "skipped", "unknown",
+                 "unverified", "waiting", "would", "would_counts")
 
     def __init__(self) -> None:
         self.removed: dict[Key, list[str]] = {}
         self.failed: set[Key] = set()  # something could not be removed: the record is kept
         self.unverified: set[Key] = set()  # a leftover could not be looked at: the record is kept
-        self.skipped: list[str] = []  # what was left on purpose, and why
+        self.skipped: list[str] = []  # what was left on purpose, and why (the text the log and the CLI say)
+        self.left: dict[tuple[str, str], list[str]] = {}  # (network, container ID) -> why something of it was left
         self.errors: list[str] = []
         self.backends: dict[int, str] = {}  # family -> backend name
         self.counts: dict[tuple[str, str], int] = {}  # (network, kind) -> items removed
@@ -38,6 +39,16 @@ class Outcome:
     def kept(self) -> set[Key]:
         return self.failed | self.unverified
 
+    def leave(self, network: str, container_id: str, what: str, why: str) -> None:
+        """Something of the attachments of (network, container ID) left on purpose: `what` (an address, or ""
+        for the container's chains) and why."""
+        self.left.setdefault((network, container_id), []).append(why)
+        self.skipped.append(f"{network} {container_id}{' ' + what if what else ''}: {why}")
+
+    def left_of(self, key: Key) -> bool:
+        """Whether this clean-up left something of attachment `key`'s container on its network on purpose."""
+        return (key[0], key[1]) in self.left
+
     def note(self, key: Key, what: str, kind: str, n: int = 1) -> None:
         """One removal (or `n` of a kind counted as one line: conntrack entries) of attachment `key`."""
         self.removed.setdefault(key, []).append(what)
@@ -51,6 +62,8 @@ class Outcome:
         self.failed |= other.failed
         self.unverified |= other.unverified
         self.skipped += other.skipped
+        for owner, whys in other.left.items():
+            self.left.setdefault(owner, []).extend(whys)
         self.errors += other.errors
         self.backends.update(other.backends)
         for why, n in other.unknown.items():

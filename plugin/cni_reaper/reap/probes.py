@@ -41,7 +41,7 @@ class Host:
     __slots__ = ("boot", "machine", "mnt", "netns", "nsfs", "problem")
 
     def __init__(self) -> None:
-        self.boot = _read_line(BOOT_ID)
+        self.boot = _boot()
         self.machine = _read_line(MACHINE_ID) or ""
         self.problem = ""
         self.mnt = _ino(SELF_MNTNS)
@@ -59,6 +59,31 @@ class Host:
         if self.boot is None or self.netns is None or self.mnt is None:
             return None
         return {"boot": self.boot, "machine": self.machine, "netns": self.netns, "mnt": self.mnt}
+
+
+BOUND = "@bound"  # the boot ID read from a file mounted over /proc's (a container's own, as systemd-nspawn gives)
+
+
+def _boot() -> str | None:
+    """The boot ID and the view it was read in: as /proc has it, or (BOUND) from a file mounted over it. Two
+    processes of one host may read different IDs by view alone: systemd-nspawn mounts a container's own ID
+    over /proc's, and a unit with ProtectKernelTunables= remounts /proc/sys and reads the host's."""
+    value = _read_line(BOOT_ID)
+    if value is None:
+        return None
+    try:
+        bound = os.stat(BOOT_ID).st_dev != os.stat(os.path.dirname(BOOT_ID)).st_dev
+    except OSError:
+        bound = False
+    return value + BOUND if bound else value
+
+
+def same_boot(recorded: str, now: str) -> bool | None:
+    """Whether a boot ID recorded and one read now name the same boot; None when they were read in different
+    views (one from /proc, one from a file over it): then they say nothing, and no life is judged by them."""
+    if recorded.endswith(BOUND) != now.endswith(BOUND):
+        return None
+    return recorded == now
 
 
 def _ino(path: str) -> int | None:

@@ -207,7 +207,7 @@ def _expect(life: dict[str, Any], record: dict[str, Any], s: Settings, view: Vie
 
     out = {}
     host = life.get("host")
-    rebooted = host is not None and host["boot"] != view.host.boot
+    rebooted = host is not None and view.host.boot is not None and probes.same_boot(host["boot"], view.host.boot) is False
     owner = (record["containerID"], record["ifname"])
     for ip in life["ips"]:
         r = ip.get("reservation")
@@ -453,13 +453,21 @@ def stale(store: Store, conf: Any, view: View, exclude: frozenset = frozenset())
     return found, done
 
 
-def network_modes(store: Store, conf: Any) -> dict[str, str]:
-    """Each network's mode as the state directory knows it, this call's network's as its configuration says."""
+def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], set[str]]:
+    """What the state directory knows of each network's mode and of the wrapped networks (this call's
+    network's noted): state/modes.network_modes."""
     from cni_reaper.state import modes
 
-    known = modes.modes(store)
-    modes.remember_mode(store, known, conf.name, conf.mode)
-    return known
+    return modes.network_modes(store, conf)
+
+
+def sweep_modes(noted: tuple[dict[str, str], set[str]], conf: Any, sel: Selection) -> dict[str, str]:
+    """The mode this sweep gives each network of the selection (state/modes.resolved: the state directory's
+    word and the settings file's, observe winning)."""
+    from cni_reaper.state import modes
+
+    networks = {j.key[0] for j in sel.judged} | {t.network for t in sel.extra}
+    return modes.resolved(*noted, modes.file_of(conf), networks)
 
 
 def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
@@ -468,7 +476,7 @@ def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), ext
     costs the index and a stat or two per record, and imports nothing more. Returns the outcome, or None when
     nothing was stale."""
     try:
-        known = network_modes(store, conf)  # every call says its network's mode, stale or not: others' sweeps read it
+        noted = network_modes(store, conf)  # every call says its network's mode, stale or not: others' sweeps read it
         view = view or View()
         found, done = stale(store, conf, view, exclude)
         for k in done:
@@ -480,7 +488,7 @@ def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), ext
             return None
         sel = select_indexed(store, view, conf, exclude)
         sel.extra = list(extra or ())
-        return sweep(store, conf, sel, modes=known)
+        return sweep(store, conf, sel, modes=sweep_modes(noted, conf, sel))
     except Exception as exc:  # noqa: BLE001 - a sweep never fails the verb that runs it
         log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         return None

@@ -4,6 +4,8 @@
   another network's call, or by the CLI, treats that network's dead attachments as their network says:
   observed, not removed. Read by every call's sweep (stale or not), written only when a network's mode
   changes, durably: if it were lost, a network in observe mode would be cleaned by others' sweeps.
+- `.wrapped`: the networks a wrapper (wrap mode) has served: the settings file's top-level mode is theirs
+  (`resolved`), and only theirs.
 - `.observed`: for each attachment that observe mode would clean, a digest of what it would remove, so that
   its "would remove" log line and counters come once per attachment and change, not once per call.
 """
@@ -12,6 +14,9 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
     from cni_reaper.state.store import Store
 
 from cni_reaper import jsonio
@@ -54,3 +59,56 @@ def save_observed(store: Store, seen: dict[str, str]) -> None:
         store.dir.write(OBSERVED, jsonio.dumps(seen).encode())
     except OSError:
         pass
+
+
+# -- the one resolution of each network's mode --------------------------------------------------------------
+WRAPPED = ".wrapped"
+
+
+def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], set[str]]:
+    """Each network's mode as the state directory knows it (this call's network's as its configuration says,
+    noted), and the networks a wrapper has served (noted when this call is a wrapper's): every call says
+    both, stale or not, so that others' sweeps read them."""
+    known = modes(store)
+    remember_mode(store, known, conf.name, conf.mode)
+    wrapped = wrapped_networks(store)
+    if getattr(conf, "wrapped_by", None) is not None and conf.name not in wrapped:
+        wrapped.add(conf.name)
+        try:
+            store.dir.write(WRAPPED, jsonio.dumps({n: "wrapped" for n in sorted(wrapped)}).encode(), durable=True)
+        except OSError:
+            pass
+    return known, wrapped
+
+
+def wrapped_networks(store: Store) -> set[str]:
+    return set(_load(store, WRAPPED))
+
+
+def resolved(known: dict[str, str], wrapped: set[str], file: Any, networks: Iterable[str]) -> dict[str, str]:
+    """The mode a sweep gives each network: observe when any authority says so, clean only when all say clean.
+    The authorities: the state directory (`known`: the network's own calls), and the settings file of wrapped
+    networks (`file`, cni.settings_file.Settings, or None) for a network it names, and with its top-level keys for
+    every network a wrapper served (`wrapped`): a wrapped network's mode is the file's wherever its records
+    are swept, whatever network's call or CLI sweeps them (a file that says observe stops every sweep)."""
+    from cni_reaper.cni.conf import mode_of
+
+    out = dict(known)
+    if file is None:
+        return out
+    for n in {*networks, *known, *file.networks}:
+        if (n in file.networks or n in wrapped) and mode_of(file.for_network(n), []) == "observe":
+            out[n] = "observe"
+    return out
+
+
+def file_of(conf: Any) -> Any:
+    """The settings file of wrapped networks as this process sees it: the wrapper's own, else the file at
+    CNI_REAPER_CONFIG or the default path when there is one (read only when a sweep has something to do)."""
+    import os
+
+    if getattr(conf, "wrapped_by", None) is not None:
+        return conf.wrapped_by
+    from cni_reaper.cni import settings_file as settings
+
+    return settings.load(os.environ) if settings.exists(os.environ) else None

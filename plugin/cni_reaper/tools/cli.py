@@ -124,7 +124,7 @@ def _scan(args):
 
 def _settings(args):
     """The settings file of wrapped networks (--config, else CNI_REAPER_CONFIG, else /etc/cni-reaper/config.json)."""
-    from cni_reaper.wrap.settings import load
+    from cni_reaper.cni.settings_file import load
 
     env = dict(os.environ)
     if getattr(args, "config", None):
@@ -298,7 +298,7 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
                 runs += [(first.conf, n) for n in sorted({r["network"] for r in records} - named)]
             confs = {n: conf for conf, n in runs if n}
             recorded = {(r["network"], r["containerID"]) for r in records}
-            modes = _modes(store, group, records)
+            modes = _modes(store, group, records, _settings(args))
             for conf, network in runs:
                 sel = select(records, view, confs, conf, only_network=network)
                 if args.orphans:
@@ -309,9 +309,10 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
             store.close()
 
 
-def _modes(store, group: list[Context], records: list[dict]) -> dict[str, str]:
-    """Each network's mode: as the conflists (and the settings file) say it, else as the state directory knows
-    it from the network's own calls; a network whose conflist says so is noted there (under the lock)."""
+def _modes(store, group: list[Context], records: list[dict], settings) -> dict[str, str]:
+    """Each network's mode: as the conflists say it, else as the state directory knows it from the network's
+    own calls (a network whose conflist says so is noted there, under the lock); then the settings file's
+    word on the wrapped networks (state/modes.resolved: observe wins)."""
     from cni_reaper.state import modes
 
     known = modes.modes(store) if store is not None else {}
@@ -322,7 +323,8 @@ def _modes(store, group: list[Context], records: list[dict]) -> dict[str, str]:
             known[c.network] = c.conf.mode
     if any(c.network is None and c.conf.mode == "observe" for c in group):  # no conflist: the settings say observe
         known.update({r["network"]: "observe" for r in records})
-    return known
+    wrapped = modes.wrapped_networks(store) if store is not None else set()
+    return modes.resolved(known, wrapped, settings, {r["network"] for r in records})
 
 
 class _NoLock:

@@ -79,9 +79,8 @@ def _finished(record: dict[str, Any], outcome: Outcome | None, extra: list[Targe
     if any(t.keep_masq_chain and "masq" in t.parts for t in extra):
         return False
     k = key(record)
-    mine = f"{k[0]} {k[1]}"
     return (k not in outcome.kept and k not in outcome.would and k not in outcome.held and not outcome.errors
-            and not any(m == mine or m.startswith(mine + " ") or m.startswith(mine + ":") for m in outcome.skipped))
+            and not outcome.left_of(k))
 
 
 def run(inv: Invocation) -> None:

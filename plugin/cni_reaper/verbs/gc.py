@@ -16,7 +16,7 @@ from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup, pick
 from cni_reaper.reap import orphans
 from cni_reaper.reap.evidence import DEAD, HOLDING, View
-from cni_reaper.reap.sweep import network_modes, select, sweep
+from cni_reaper.reap.sweep import network_modes, select, sweep, sweep_modes
 from cni_reaper.state.record import key
 from cni_reaper.state.store import Store
 
@@ -76,7 +76,7 @@ def run(inv: Invocation) -> None:
             recorded = {(r["network"], r["containerID"]) for r in mine}
             sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
             sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))
-            sweep(store, conf, sel, modes=network_modes(store, conf))
+            sweep(store, conf, sel, modes=sweep_modes(network_modes(store, conf), conf, sel))
     finally:
         store.close()
     return None

@@ -12,7 +12,7 @@ on the client's cni_path) is that plugin's wrapper, for a network whose conflist
   in a DEL when chained last too), and when nothing must (the common case) its whole DEL (the tombstone, the
   sweep) runs while the real plugin runs; CHECK, STATUS and GC do theirs after a real answer that succeeded,
   their modules imported while the real plugin runs. Its settings come from the settings file
-  (wrap/settings.py), never from the wrapped plugin's own keys.
+  (cni/settings_file.py), never from the wrapped plugin's own keys.
 - That work never changes the outcome: whatever it meets (an unusable state directory or settings file, a
   lock never free, an exception) is logged and dropped, and it is bounded in time (wrapTimeout, default
   10 s): Nomad serialises a client's network setup and teardown and gives plugins no timeout.
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 from cni_reaper import jsonio
+from cni_reaper.cni.settings_file import Settings, load
 from cni_reaper.wrap import real, spawn
-from cni_reaper.wrap.settings import Settings, load
 
 # what the runtime hands every plugin (libcni puts them into each entry), as opposed to the wrapped plugin's keys
 FROM_THE_RUNTIME = ("cniVersion", "cniVersions", "name", "runtimeConfig", "capabilities", "prevResult",
@@ -264,6 +264,7 @@ def _serve(command: str, conf: dict[str, Any], env: dict[str, str], settings: Se
 
     def handler(inv: shell.Invocation) -> Any:
         inv.later = later
+        inv.conf.wrapped_by = settings  # whoever sweeps this network's records reads its mode from the file
         return dispatch(inv)
 
     out = io.StringIO()
