@@ -51,6 +51,16 @@ def reserve(sb, ip: str, cid: str) -> None:
     (d / ip).write_text(f"{cid}\r\neth0")
 
 
+def locked_netns(sb):
+    """A directory holding a live namespace at `<dir>/ns`, and the shell commands (run first in each call's
+    mount namespace) that bind the namespace there and make the directory unsearchable without
+    CAP_DAC_OVERRIDE."""
+    locked = sb.root / "locked"
+    locked.mkdir()
+    (locked / "ns").touch()
+    return locked, f"mount --bind {sb.container()} {locked}/ns && chmod 000 {locked}"
+
+
 def log_lines(sb) -> list[dict]:
     return [json.loads(l) for l in sb.log_file.read_text().splitlines()] if sb.log_file.exists() else []
 
@@ -60,11 +70,7 @@ def test_a_netns_path_that_cannot_be_looked_at_is_unknown_never_dead(sandbox_one
     CAP_DAC_OVERRIDE): its own ADD, CHECK and the sweeps of others' calls keep it, with its reservation; the
     log says why it could not be judged. On 0.4.0 the ADD's own sweep judged it dead ("its netns is gone")."""
     sb = sandbox_one
-    locked = sb.root / "locked"
-    locked.mkdir()
-    (locked / "ns").touch()
-    real = sb.container()
-    bind = f'mount --bind {real} {locked}/ns && chmod 000 {locked}'
+    locked, bind = locked_netns(sb)
     cid, ip = unique("alloc-"), "10.99.0.2"
     reserve(sb, ip, cid)
     add = call(sb, "ADD", cid, f"{locked}/ns", conf(sb, ip), pre=bind, no_dac=True)
@@ -89,11 +95,7 @@ def test_a_netns_path_that_cannot_be_looked_at_is_unknown_never_dead(sandbox_one
 
 def test_del_of_a_path_that_cannot_be_looked_at_succeeds(sandbox_one):
     sb = sandbox_one
-    locked = sb.root / "locked"
-    locked.mkdir()
-    (locked / "ns").touch()
-    real = sb.container()
-    bind = f'mount --bind {real} {locked}/ns && chmod 000 {locked}'
+    locked, bind = locked_netns(sb)
     cid, ip = unique("alloc-"), "10.99.0.4"
     reserve(sb, ip, cid)
     assert call(sb, "ADD", cid, f"{locked}/ns", conf(sb, ip), pre=bind).returncode == 0
