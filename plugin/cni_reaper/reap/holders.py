@@ -102,22 +102,27 @@ def native_addresses(rule: NativeRule) -> set[str]:
 def native_ports(rule: NativeRule) -> set[HostPort]:
     """The host ports a native DNAT rule of portmap maps: its `dport` match, of the protocol it names (`tcp
     dport`, `udp dport`, `sctp dport`, or `meta l4proto P th dport`), with the host IP of `hostip_hostports`."""
-    proto, ports = "", []
+    proto, ports = "", list[int]()
     for e in rule.raw.get("expr") or [] if isinstance(rule.raw, dict) else []:
         m = e.get("match") if isinstance(e, dict) else None
-        if not isinstance(m, dict) or m.get("op") not in ("==", "in"):
-            continue
-        left, right = m.get("left"), m.get("right")
-        payload = left.get("payload") if isinstance(left, dict) else None
-        meta = left.get("meta") if isinstance(left, dict) else None
-        if isinstance(payload, dict) and payload.get("field") == "dport":
-            if payload.get("protocol") in PROTOCOLS:
-                proto = payload["protocol"]
-            ports += _native_port_values(right)
-        elif isinstance(meta, dict) and meta.get("key") == "l4proto" and right in PROTOCOLS:
-            proto = str(right)
+        if isinstance(m, dict) and m.get("op") in ("==", "in"):
+            p, values = _native_match(m.get("left"), m.get("right"))
+            proto, ports = p or proto, ports + values
     host_ip = (address(rule.daddr) or "") if rule.chain == "hostip_hostports" else ""
     return {HostPort(proto, p, host_ip) for p in ports}
+
+
+def _native_match(left: Any, right: Any) -> tuple[str, list[int]]:
+    """(protocol, ports) one match of a native rule names: `tcp dport 8080` gives both, `meta l4proto tcp`
+    the protocol, `th dport 8080` the port."""
+    payload = left.get("payload") if isinstance(left, dict) else None
+    meta = left.get("meta") if isinstance(left, dict) else None
+    if isinstance(payload, dict) and payload.get("field") == "dport":
+        proto = payload.get("protocol")
+        return (proto if proto in PROTOCOLS else ""), _native_port_values(right)
+    if isinstance(meta, dict) and meta.get("key") == "l4proto" and right in PROTOCOLS:
+        return str(right), []
+    return "", []
 
 
 def _native_port_values(right: Any) -> list[int]:

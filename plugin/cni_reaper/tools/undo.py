@@ -43,6 +43,13 @@ class Report:
     def no(self, e: Entry, why: str) -> None:
         self.refused.append((e, why))
 
+    def failed(self, entries: list[Entry], why: str) -> None:
+        """What was to be put back in a transaction that failed: none of it is back."""
+        ids = {id(e) for e in entries}
+        for e, _ in [(e, w) for e, w in self.restored if id(e) in ids]:
+            self.no(e, why)
+        self.restored = [(e, w) for e, w in self.restored if id(e) not in ids]
+
 
 def pending(store: Store, cid: str) -> list[Entry]:
     from cni_reaper.state import journal
@@ -216,10 +223,7 @@ def _iptables_family(family: int, flavour: str, entries: list[Entry], holders: H
         try:
             backend.restore(family, plan.text())
         except BackendError as exc:
-            for e, what in list(report.restored):
-                if e in plan.entries:
-                    report.restored.remove((e, what))
-                    report.no(e, f"ipv{family} {flavour} restore failed: {exc}")
+            report.failed(plan.entries, f"ipv{family} {flavour} restore failed: {exc}")
 
 
 class _IptablesPlan:
@@ -354,12 +358,17 @@ def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: boo
         else:
             (report.ok if verdict == "there" else report.no)(e, why)
     if adds and not dry_run:
-        try:
-            nft.add(adds)
-        except BackendError as exc:
-            for e in ok:
-                report.restored = [(x, w) for x, w in report.restored if x is not e]
-                report.no(e, f"nft: {exc}")
+        _add_native(nft, adds, ok, report)
+
+
+def _add_native(nft: Any, adds: list[dict[str, Any]], entries: list[Entry], report: Report) -> None:
+    """Add the rules in one transaction; when it fails, none of `entries` was put back, and the report says so."""
+    from cni_reaper.reap.netfilter.interface import BackendError
+
+    try:
+        nft.add(adds)
+    except BackendError as exc:
+        report.failed(entries, f"nft: {exc}")
 
 
 def _native_verdict(rule: dict[str, Any], holders: Holders, ports: Any, now: set[str]) -> tuple[str, str]:
