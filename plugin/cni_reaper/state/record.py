@@ -63,29 +63,43 @@ def parse_time(text: Any) -> float:
     (`problem`) and every reader use it, so a time the check lets through is a time every reader reads.
     ValueError otherwise (checked by hand: `re` costs milliseconds to import)."""
     if not isinstance(text, str) or len(text) < 19 or not text.isascii():
-        raise ValueError(f"not a record time: {text!r}"[:120])
-    v = text
+        raise _not_a_time(text)
+    y, mo, d, h, mi, sec = _clock(text)
+    fraction = _fraction(text)
+    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+    if not (y > 0 and 1 <= mo <= 12 and 1 <= d <= (_DAYS[mo - 1] if mo != 2 or leap else 28) and h < 24
+            and mi < 60 and sec < 60):
+        raise ValueError(f"not a date: {text!r}"[:120])
+    return _days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec + fraction
+
+
+def _not_a_time(text: Any) -> ValueError:
+    return ValueError(f"not a record time: {text!r}"[:120])
+
+
+def _clock(v: str) -> tuple[int, ...]:
+    """Year, month, day, hour, minute, second of YYYY-MM-DDTHH:MM:SS (ValueError when it has not that shape)."""
     if v[4] != "-" or v[7] != "-" or v[10] != "T" or v[13] != ":" or v[16] != ":":
-        raise ValueError(f"not a record time: {text!r}"[:120])
+        raise _not_a_time(v)
     fields = (v[0:4], v[5:7], v[8:10], v[11:13], v[14:16], v[17:19])
     if not all(f.isdigit() for f in fields):
-        raise ValueError(f"not a record time: {text!r}"[:120])
+        raise _not_a_time(v)
+    return tuple(int(f) for f in fields)
+
+
+def _fraction(v: str) -> float:
+    """The fraction of a second after the seconds (.f{1,6}, or none), the zone after it being UTC's."""
     tail, fraction = v[19:], 0.0
     if tail.startswith("."):
         n = 1
         while n < len(tail) and tail[n].isdigit():
             n += 1
         if not 2 <= n <= 7:
-            raise ValueError(f"not a record time: {text!r}"[:120])
+            raise _not_a_time(v)
         fraction, tail = float(tail[:n]), tail[n:]
     if tail not in _ZONES:
-        raise ValueError(f"record times are UTC: {text!r}"[:120])
-    y, mo, d, h, mi, sec = (int(f) for f in fields)
-    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
-    if not (y > 0 and 1 <= mo <= 12 and 1 <= d <= (_DAYS[mo - 1] if mo != 2 or leap else 28) and h < 24
-            and mi < 60 and sec < 60):
-        raise ValueError(f"not a date: {text!r}"[:120])
-    return _days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec + fraction
+        raise ValueError(f"record times are UTC: {v!r}"[:120])
+    return fraction
 
 
 def _days_from_civil(y: int, m: int, d: int) -> int:
