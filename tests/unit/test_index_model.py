@@ -174,3 +174,23 @@ def test_the_index_says_what_a_model_of_it_says(tmp_path, seed):
         except AssertionError as exc:
             raise AssertionError(f"seed {seed}, step {step}: {exc}") from None
     run.sd.close()
+
+
+def test_a_journal_line_with_any_field_of_the_wrong_shape_is_no_entry():
+    """The index's fields are declared once (index.FIELDS): a journal line is an entry when each field has its
+    shape, and none when any one has another (a bool for an int, a string for a list, a list too short)."""
+    from cni_reaper.state.index import FIELDS, Entry
+
+    good = [7, "net", "c", "eth0", "/run/netns/x", [1, 2, 3], [4, 5, [6]], ["b", "m", 8, 9], ["veth0", 3], 1.5, True,
+            False, False, ["10.0.0.2"], "/var/lib/cni", 12.0]
+    e = Entry.of_list(good)
+    assert e is not None and e.to_list() == good and Entry.of_list(e.to_list()).to_list() == good
+    wrong = {"ino": True, "network": 1, "cid": None, "ifname": 2, "netns": [], "ns": [1, 2], "dir": [4, 5, ["x"]],
+             "host": ["b", "m", 8, "9"], "veth": ["veth0"], "deleted_at": "1", "cached": 1, "verify": None,
+             "earlier": 0, "ips": [1], "cache_dir": 5, "left": float("nan")}
+    assert set(wrong) == {f[0] for f in FIELDS}
+    for i, f in enumerate(FIELDS):
+        line = list(good)
+        line[i] = wrong[f[0]]
+        assert Entry.of_list(line) is None, f[0]
+    assert Entry.of_list(good[:-1]) is None and Entry.of_list(tuple(good)) is None

@@ -159,7 +159,7 @@ COMPLEX = {
     "cni_reaper.tools.cli.cmd_list": 21, "cni_reaper.tools.cli._contexts": 20, "cni_reaper.tools.cli._sweep_group": 16,
     "cni_reaper.tools.doctor.check_plugins": 18, "cni_reaper.state.record._evidence_problem": 18,
     "cni_reaper.state.record._head_problem": 16,
-    "cni_reaper.state.index.Entry.of_list": 58, "cni_reaper.state.index.first_part": 18,
+    "cni_reaper.state.index.first_part": 18,
     "cni_reaper.state.index.Index._read": 16, "cni_reaper.state.journal.items": 20, "cni_reaper.reap.cleanup._forget": 18,
     "cni_reaper.reap.evidence.judge_cached": 16, "cni_reaper.reap.cache.Entry.__init__": 17,
     "cni_reaper.reap.sweep.sweep": 18, "cni_reaper.reap.sweep.settle": 16, "cni_reaper.reap.netfilter.domain.domains": 19,

@@ -56,10 +56,103 @@ class Damaged(ValueError):
     """An entry of the index cannot be made (the file is then removed: the next call makes it anew)."""
 
 
+# -- an entry's fields, declared once ---------------------------------------------------------------------
+# An entry on disk is a list of its fields in this order (a journal line, and the whole index, where `dir` and
+# `host` are positions in the index's tables of directories and hosts). Each field: the Entry attribute, the
+# check of its JSON value (a journal line is checked field by field; `type(x) is int`: an int and no bool, for
+# what JSON gives), and how a value that is not None is made from JSON and written to it.
+def _int(x: Any) -> bool:
+    return type(x) is int
+
+
+def _str(x: Any) -> bool:
+    return type(x) is str
+
+
+def _bool(x: Any) -> bool:
+    return x is True or x is False
+
+
+def _ns(x: Any) -> bool:
+    return type(x) is list and len(x) == 3 and _int(x[0]) and _int(x[1]) and (x[2] is None or _int(x[2]))
+
+
+def _dir(x: Any) -> bool:
+    if type(x) is not list or len(x) != 3 or type(x[2]) is not list:
+        return False
+    return _int(x[0]) and _int(x[1]) and all(type(g) is int for g in x[2])
+
+
+def _host(x: Any) -> bool:
+    return type(x) is list and len(x) == 4 and _str(x[0]) and _str(x[1]) and _int(x[2]) and _int(x[3])
+
+
+def _veth(x: Any) -> bool:
+    return type(x) is list and len(x) == 2 and _str(x[0]) and _int(x[1])
+
+
+def _time(x: Any) -> bool:
+    return type(x) is int or type(x) is float
+
+
+def _left(x: Any) -> bool:
+    return _bool(x) or ((type(x) is float or type(x) is int) and 0 <= x < 1 << 40)  # NaN, inf: no
+
+
+def _strs(x: Any) -> bool:
+    return type(x) is list and all(type(i) is str for i in x)
+
+
+def _optional(check: Any) -> Any:
+    return lambda x: x is None or check(x)
+
+
+def _dir_value(x: Any) -> tuple:
+    return (x[0], x[1], tuple(x[2]))
+
+
+def _dir_json(d: tuple) -> list[Any]:
+    return [d[0], d[1], list(d[2])]
+
+
+FIELDS: tuple[tuple[str, Any, Any, Any], ...] = (  # (attribute, check: a type it is exactly or a test, from JSON, to JSON)
+    ("ino", int, None, None),
+    ("network", str, None, None),
+    ("cid", str, None, None),
+    ("ifname", str, None, None),
+    ("netns", str, None, None),
+    ("ns", _optional(_ns), tuple, list),  # (dev, ino, ctime)
+    ("dir", _optional(_dir), _dir_value, _dir_json),  # (dev, ino, peer groups)
+    ("host", _optional(_host), tuple, list),  # (boot, machine, netns, mnt)
+    ("veth", _optional(_veth), tuple, list),  # (name, ifindex)
+    ("deleted_at", _optional(_time), None, None),
+    ("cached", _optional(_bool), None, None),
+    ("verify", _bool, None, None),
+    ("earlier", _bool, None, None),
+    ("ips", _strs, None, None),
+    ("cache_dir", _optional(_str), None, None),
+    ("left", _left, None, None),
+)
+AT = {f[0]: i for i, f in enumerate(FIELDS)}
+_CHECKS = tuple(f[1] for f in FIELDS)
+_LOADS = tuple((i, f[2]) for i, f in enumerate(FIELDS) if f[2] is not None)
+_DUMPS = tuple((i, f[3]) for i, f in enumerate(FIELDS) if f[3] is not None)
+_ATTRS = tuple(f[0] for f in FIELDS)
+NETNS, NS, DIR, HOST, DELETED_AT, EARLIER = (AT[a] for a in ("netns", "ns", "dir", "host", "deleted_at", "earlier"))
+
+
+def _values(v: list[Any]) -> list[Any]:
+    """An entry's values (Entry's arguments, in order) from its fields as JSON holds them (`v` is changed)."""
+    for i, load in _LOADS:
+        if v[i] is not None:
+            v[i] = load(v[i])
+    return v
+
+
 def _is_quick(v: list[Any]) -> bool:
     """quick_of's rule, on a compact list: no tombstone, no earlier lives, a pinned namespace, a known host."""
-    ns = v[5]
-    return v[9] is None and not v[12] and bool(ns) and ns[2] is not None and v[7] >= 0
+    ns = v[NS]
+    return v[DELETED_AT] is None and not v[EARLIER] and bool(ns) and ns[2] is not None and v[HOST] >= 0
 
 
 def encode(entries: dict[str, Entry], raw: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> bytes:
@@ -80,18 +173,15 @@ def encode(entries: dict[str, Entry], raw: dict[str, list[Any]], hosts: list[Any
 
     body: dict[str, list[Any]] = {}
     for n, v in raw.items():  # read, never made: its host and directory looked up in the tables it came with
-        h = hosts[v[7]] if v[7] >= 0 else None
-        d = dirs[v[6]] if v[6] >= 0 else None
-        hk = tuple(h) if h is not None else None
-        dk = (d[0], d[1], tuple(d[2])) if d is not None else None
-        body[n] = [*v[:6], at(dir_at, out_dirs, dk, d), at(host_at, out_hosts, hk, h), *v[8:]]
+        h = hosts[v[HOST]] if v[HOST] >= 0 else None
+        d = dirs[v[DIR]] if v[DIR] >= 0 else None
+        body[n] = list(v)
+        body[n][DIR] = at(dir_at, out_dirs, _dir_value(d) if d is not None else None, d)
+        body[n][HOST] = at(host_at, out_hosts, tuple(h) if h is not None else None, h)
     for n, e in entries.items():
-        d = e.dir
-        body[n] = [e.ino, e.network, e.cid, e.ifname, e.netns, list(e.ns) if e.ns else None,
-                   at(dir_at, out_dirs, d, [d[0], d[1], list(d[2])] if d else None),
-                   at(host_at, out_hosts, e.host, list(e.host) if e.host else None),
-                   list(e.veth) if e.veth else None, e.deleted_at, e.cached, e.verify, e.earlier, e.ips, e.cache_dir,
-                   e.left]
+        body[n] = e.to_list()
+        body[n][DIR] = at(dir_at, out_dirs, e.dir, body[n][DIR])
+        body[n][HOST] = at(host_at, out_hosts, e.host, body[n][HOST])
     return _laid_out(body, out_hosts, out_dirs)
 
 
@@ -102,22 +192,22 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
     others = []
     for n, v in body.items():
         if _is_quick(v):
-            groups.setdefault(v[7], []).append(n)
+            groups.setdefault(v[HOST], []).append(n)
         else:
             others.append(n)
     names: list[str] = []
     quick = []
     for h, members in groups.items():
-        members.sort(key=lambda n: _dir_of(body[n][4]))  # a directory's paths side by side
+        members.sort(key=lambda n: _dir_of(body[n][NETNS]))  # a directory's paths side by side
         start = len(names)
         names += members
-        ints = [x for n in members for x in body[n][5]]
-        runs, bases = split_paths([body[n][4] for n in members])
+        ints = [x for n in members for x in body[n][NS]]
+        runs, bases = split_paths([body[n][NETNS] for n in members])
         quick.append([hosts[h], start, len(names), [list(r) for r in runs], bases, ",".join(map(str, ints)),
                       digest(ints)])
     cold = [body[n] for n in names]
     names += others
-    hot = {"names": names, "inos": [body[n][0] for n in names], "quick": quick, "raw": [body[n] for n in others],
+    hot = {"names": names, "inos": [body[n][AT["ino"]] for n in names], "quick": quick, "raw": [body[n] for n in others],
            "hosts": hosts, "dirs": dirs}
     return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
 
@@ -247,12 +337,12 @@ def _runs_of(runs: Any, count: int) -> bool:
 
 def make(v: list[Any], hosts: list[Any], dirs: list[Any]) -> Entry:
     """The entry a compact list of a whole index holds (TypeError, ValueError or IndexError when it is not one)."""
-    ino, network, cid, ifname, netns, ns, d, h, veth, at, cached, verify, earlier, ips, cache_dir, left = v
-    dir_ = dirs[d] if d >= 0 else None
-    host = hosts[h] if h >= 0 else None
-    return Entry(ino, network, cid, ifname, netns, tuple(ns) if ns else None,
-                 (dir_[0], dir_[1], tuple(dir_[2])) if dir_ else None, tuple(host) if host else None,
-                 tuple(veth) if veth else None, at, cached, verify, earlier, ips, cache_dir, left)
+    if len(v) != len(FIELDS):
+        raise ValueError("an entry of another length")
+    v = list(v)
+    v[DIR] = dirs[v[DIR]] if v[DIR] >= 0 else None
+    v[HOST] = hosts[v[HOST]] if v[HOST] >= 0 else None
+    return Entry(*_values(v))
 
 
 def quick_of(e: Entry) -> tuple | None:
@@ -300,42 +390,22 @@ class Entry:
                    s["cniCacheDir"] if s else None, left_mark(record))
 
     def to_list(self) -> list[Any]:
-        """Its fields as JSON holds them (a journal line)."""
-        d = self.dir
-        return [self.ino, self.network, self.cid, self.ifname, self.netns, list(self.ns) if self.ns else None,
-                [d[0], d[1], list(d[2])] if d else None, list(self.host) if self.host else None,
-                list(self.veth) if self.veth else None, self.deleted_at, self.cached, self.verify, self.earlier,
-                self.ips, self.cache_dir, self.left]
+        """Its fields as JSON holds them (a journal line), in FIELDS' order."""
+        out = [getattr(self, a) for a in _ATTRS]
+        for i, dump in _DUMPS:
+            if out[i] is not None:
+                out[i] = dump(out[i])
+        return out
 
     @classmethod
     def of_list(cls, v: Any) -> Entry | None:
-        """The entry a journal line holds, or None when it is not one."""
-        try:
-            ino, network, cid, ifname, netns, ns, dir_, host, veth, at, cached, verify, earlier, ips, cache_dir, left = v
-        except (TypeError, ValueError):
+        """The entry a journal line holds, or None when it is not one (each field checked as FIELDS says)."""
+        if type(v) is not list or len(v) != len(FIELDS):
             return None
-        # `type(x) is int`: an int and not a bool, for what JSON gives
-        i, t, lst = int, str, list
-        if not (type(ino) is i and type(network) is t and type(cid) is t and type(ifname) is t and type(netns) is t
-                and (ns is None or (type(ns) is lst and len(ns) == 3 and type(ns[0]) is i and type(ns[1]) is i
-                                    and (ns[2] is None or type(ns[2]) is i)))
-                and (dir_ is None or (type(dir_) is lst and len(dir_) == 3 and type(dir_[0]) is i and type(dir_[1]) is i
-                                      and type(dir_[2]) is lst and all(type(g) is i for g in dir_[2])))
-                and (host is None or (type(host) is lst and len(host) == 4 and type(host[0]) is t
-                                      and type(host[1]) is t and type(host[2]) is i and type(host[3]) is i))
-                and (veth is None or (type(veth) is lst and len(veth) == 2 and type(veth[0]) is t
-                                      and type(veth[1]) is i))
-                and (at is None or type(at) is i or type(at) is float)
-                and (cached is None or cached is True or cached is False) and (verify is True or verify is False)
-                and (earlier is True or earlier is False)
-                and (left is True or left is False
-                     or ((type(left) is float or type(left) is int) and 0 <= left < 1 << 40))  # NaN, inf: no
-                and type(ips) is lst and all(type(x) is t for x in ips)
-                and (cache_dir is None or type(cache_dir) is t)):
-            return None
-        return cls(ino, network, cid, ifname, netns, tuple(ns) if ns else None,
-                   (dir_[0], dir_[1], tuple(dir_[2])) if dir_ else None, tuple(host) if host else None,
-                   tuple(veth) if veth else None, at, cached, verify, earlier, ips, cache_dir, left)
+        for check, x in zip(_CHECKS, v):
+            if not (type(x) is check if type(check) is type else check(x)):
+                return None
+        return cls(*_values(list(v)))
 
 
 class Index:
