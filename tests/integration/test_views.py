@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from testkit.sandbox import DEBIAN12, ips_of, open_sandbox, unique
+from testkit.sandbox import ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
@@ -24,9 +24,9 @@ NO_DAC = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", 'e
 
 
 @pytest.fixture
-def sandbox_one(tmp_path, package_exe):
-    """A sandbox of Debian 12's stack (what is tested is cni-reaper's own observation of the host)."""
-    with open_sandbox(tmp_path, "nft", package_exe, DEBIAN12) as sb:
+def sandbox_one(tmp_path, package_exe, flavour, two_stacks):
+    """A sandbox of the oldest and the newest stack, each iptables flavour."""
+    with open_sandbox(tmp_path, flavour, package_exe, two_stacks) as sb:
         yield sb
 
 
