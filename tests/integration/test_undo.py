@@ -346,3 +346,61 @@ def test_undo_puts_back_no_native_rule_a_live_allocation_holds_or_that_would_sha
         v4 = next(ip for ip in live_ips if ":" not in ip)
         port = 8081 if taken == "addresses" else 8080
         assert sb.reach(ns_live, v4.rsplit(".", 1)[0] + ".1", port, "the live one") == "the live one"
+
+
+def test_undo_judges_and_puts_back_under_host_locals_locks(tmp_path, flavour, package_exe):
+    """An address given away while undo looks: undo holds host-local's lock of the network from its look at who
+    holds what to its last put-back, so an allocation that takes the dead one's address meanwhile is seen, and
+    nothing of that address comes back. Here the test holds the lock first, lets undo wait on it, gives the
+    address away (as host-local would, under the lock) and lets go."""
+    import fcntl
+    import os
+    import time
+
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        conflist = sb.conflist()
+        dead, ns = unique("alloc-"), sb.container()
+        [ip] = ips_of(sb.driver("add", dead, ns, PORTS, conflist))
+        sb.remove_container(ns)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        before = state(sb)
+        network_dir = next(p for p in sb.cni_dir.glob(f"*/{NET}") if (p / "lock").exists())
+        lock = os.open(network_dir / "lock", os.O_RDWR)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            proc = sb.popen([str(sb.plugin_dir / "cni-reaper"), "undo", dead, "--cni-conf-dir", str(sb.root / "none")])
+            deadline = time.monotonic() + 60
+            while not _has_open(proc.pid, f"{NET}/lock"):  # undo is waiting for the lock
+                assert proc.poll() is None and time.monotonic() < deadline, "undo did not wait for host-local's lock"
+                time.sleep(0.01)
+            (network_dir / ip).write_text("alloc-newcomer\r\neth0")
+        finally:
+            os.close(lock)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 4, out + err
+        assert f"{ip} is reserved by alloc-newcomer" in out or f"{ip} is held by alloc-newcomer" in out, out
+        back = set(state(sb)[0]) - set(before[0])
+        assert not [l for l in back if ip in l], back
+
+
+def _has_open(pid: int, suffix: str) -> bool:
+    import os
+
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").endswith(suffix) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def test_something_not_host_locals_at_a_reservations_name_is_said_never_a_traceback(tmp_path, flavour, package_exe):
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        conflist = sb.conflist()
+        dead, ns = unique("alloc-"), sb.container()
+        [ip] = ips_of(sb.driver("add", dead, ns, (), conflist))
+        sb.remove_container(ns)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        network_dir = next(p for p in sb.cni_dir.glob(f"*/{NET}") if (p / "lock").exists())
+        (network_dir / ip).mkdir()
+        out = cli(sb, "undo", dead)
+        assert out.returncode == 4 and "Error" not in out.stderr, out.stdout + out.stderr
+        assert f"{ip} cannot be written" in out.stdout, out.stdout

@@ -57,29 +57,24 @@ def pending(store: Store, cid: str) -> list[Entry]:
     return [e for e in journal.items(store, cid) if not e.restored]
 
 
+LOCK_TIMEOUT = 10.0  # seconds for each of host-local's locks (as the CLI's lockTimeout by default)
+
+
 def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
     """Put back what the journal says was removed for `cid` (the caller holds the state lock)."""
     from cni_reaper.reap.holders import Holders
+    from cni_reaper.reap.hostlocal import locked_dirs, networks_in
     from cni_reaper.state.journal import Journal
 
     report = Report()
     entries = pending(store, cid)
     if not entries:
         return report
-    holders = Holders(store, cid, [*data_dirs, *{e.item.get("dataDir", "") for e in entries if e.item.get("dataDir")}])
-    kinds: dict[str, list[Entry]] = {}
-    for e in entries:
-        damage = damaged(e.item)
-        if damage:
-            report.no(e, f"its journal entry is damaged ({damage}): not put back")
-        else:
-            kinds.setdefault(e.item.get("kind", ""), []).append(e)
-    report.unrestorable = kinds.pop("conntrack", [])
-    _reservations(kinds.get("reservation", []), holders, report, dry_run)
-    _iptables(kinds.get("iptables", []), holders, report, dry_run)
-    _native(kinds.get("nft", []), holders, report, dry_run)
-    _cache(kinds.get("cache", []), holders, report, dry_run)
-    _record(store, kinds.get("record", []), report, dry_run)
+    dirs = list(dict.fromkeys([*data_dirs, *(e.item["dataDir"] for e in entries if _absolute(e.item.get("dataDir")))]))
+    # no address is given or taken on these networks from the look at who holds what to the last put-back
+    # (host-local's locks, after the state lock, in the one order every clean-up takes them)
+    with locked_dirs({(d, n) for d in dirs for n in networks_in(d)}, LOCK_TIMEOUT) as held:
+        _put_back(store, entries, Holders(store, cid, dirs), report, dry_run, held)
     if not dry_run:
         Journal(store).undone(f"undo-{cid}", [[e.event, e.index] for e, _ in report.restored],
                               [[e.event, e.index, why] for e, why in report.refused],
@@ -88,8 +83,30 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
     return report
 
 
+def _put_back(store: Store, entries: list[Entry], holders: Holders, report: Report, dry_run: bool,
+              held: dict[Any, Any]) -> None:
+    """Each sound journal item put back as its kind is (or refused, with the reason), against `holders`."""
+    kinds: dict[str, list[Entry]] = {}
+    for e in entries:
+        damage = damaged(e.item)
+        if damage:
+            report.no(e, f"its journal entry is damaged ({damage}): not put back")
+        else:
+            kinds.setdefault(e.item.get("kind", ""), []).append(e)
+    report.unrestorable = kinds.pop("conntrack", [])
+    _reservations(kinds.get("reservation", []), holders, report, dry_run, held)
+    _iptables(kinds.get("iptables", []), holders, report, dry_run)
+    _native(kinds.get("nft", []), holders, report, dry_run)
+    _cache(kinds.get("cache", []), holders, report, dry_run)
+    _record(store, kinds.get("record", []), report, dry_run)
+
+
 def _text(v: object, multiline: bool = False) -> bool:
     return isinstance(v, str) and (multiline or ("\n" not in v and "\r" not in v and "\0" not in v))
+
+
+def _absolute(v: object) -> bool:
+    return _text(v) and str(v).startswith("/")
 
 
 def _name(v: object) -> bool:
@@ -116,12 +133,12 @@ def _json_object(v: object) -> bool:
 
 
 _SHAPES: dict[str, dict[str, Any]] = {
-    "reservation": {"dataDir": lambda v: _text(v) and str(v).startswith("/"), "network": _name, "ip": _ip,
+    "reservation": {"dataDir": _absolute, "network": _name, "ip": _ip,
                     "content": lambda v: _text(v, True)},
     "iptables": {"family": lambda v: v in (4, 6), "flavour": lambda v: v in ("nft", "legacy"),
                  "op": _text, "table": _name, "chain": lambda v: _name(v) and " " not in str(v)},
     "nft": {"family": _text, "table": _text, "chain": _text, "rule": lambda v: isinstance(v, dict)},
-    "cache": {"cacheDir": lambda v: _text(v) and str(v).startswith("/"), "entry": _name, "content": _json_object},
+    "cache": {"cacheDir": _absolute, "entry": _name, "content": _json_object},
     "record": {"record": lambda v: isinstance(v, dict)},
     "conntrack": {},
 }
@@ -150,12 +167,17 @@ def damaged(item: dict[str, Any]) -> str | None:
 
 
 # -- reservations -----------------------------------------------------------------------------------
-def _reservations(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
+def _reservations(entries: list[Entry], holders: Holders, report: Report, dry_run: bool,
+                  locked: dict[Any, Any]) -> None:
+    """`locked`: host-local's directories locked for the whole undo, by (data dir, network)."""
     from cni_reaper.reap.hostlocal import NetworkDir
 
     for e in entries:
         it = e.item
-        d = NetworkDir(it["dataDir"], it["network"])
+        d = locked.get((it["dataDir"], it["network"]))
+        own = d is None
+        if d is None:
+            d = NetworkDir(it["dataDir"], it["network"])
         try:
             if d.fd is None:
                 path = os.path.join(it["dataDir"], it["network"])
@@ -174,11 +196,16 @@ def _reservations(entries: list[Entry], holders: Holders, report: Report, dry_ru
             if held:
                 report.no(e, held)
                 continue
-            if not dry_run:
-                _write_reservation(d, it)
+            try:
+                if not dry_run:
+                    _write_reservation(d, it)
+            except OSError as exc:  # something not host-local's at its name (a directory, a symlink)
+                report.no(e, f"{it['ip']} cannot be written in {it['dataDir']}/{it['network']}: {exc.strerror}")
+                continue
             report.ok(e, f"host-local reservation {it['network']}/{it['ip']}")
         finally:
-            d.close()
+            if own:
+                d.close()
 
 
 def _write_reservation(d: Any, it: dict[str, Any]) -> None:
