@@ -13,7 +13,7 @@ from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup
 from cni_reaper.state.record import merge
 from cni_reaper.state.store import Store
-from cni_reaper.verbs.observe import current_life, settings
+from cni_reaper.verbs.recording import current_life, settings
 
 
 def run(inv: Invocation) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from cni_reaper.reap import probes
 from cni_reaper.reap.sweep import sweep_quietly
 from cni_reaper.state.record import merge, same_life
 from cni_reaper.state.store import Store
-from cni_reaper.verbs.observe import current_life, settings
+from cni_reaper.verbs.recording import current_life, settings
 
 
 def run(inv: Invocation) -> None:

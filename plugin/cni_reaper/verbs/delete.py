@@ -1,6 +1,6 @@
 """DEL: cni-reaper runs first in a DEL (reverse conflist order). It removes at once what the downstream
 plugins will not, marks the record torn down (a tombstone), and sweeps other dead attachments. As the
-wrapper of portmap, when nothing of the attachment must go first (verbs/first.py), all of it runs beside
+wrapper of portmap, when nothing of the attachment must go first (verbs/teardown_first.py), all of it runs beside
 the real plugin's DEL (Invocation.later). Best effort: DEL never fails because of cni-reaper's own state or
 clean-up."""
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # wrap mode, its imports are too
 from cni_reaper import log
 from cni_reaper.errors import CniError
-from cni_reaper.verbs.first import can_wait, nothing_first, same_life
+from cni_reaper.verbs.teardown_first import can_wait, nothing_first, same_life
 
 
 def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> list[Target]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from cni_reaper.reap.netfilter import flavour as flavours
-from cni_reaper.reap.netfilter import tools
+from cni_reaper.reap.netfilter import processes
 from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
 from cni_reaper.reap.netfilter.iptables.rules import Op, Table, by_table, parse_save
 
@@ -35,7 +35,7 @@ class SaveRestoreBackend:
 
     def _run(self, argv: list[str], stdin: str | None = None) -> str:
         try:
-            proc = tools.run(argv, stdin, TIMEOUT_SECONDS)
+            proc = processes.run(argv, stdin, TIMEOUT_SECONDS)
         except OSError as exc:
             raise BackendError(f"{os.path.basename(argv[0])}: {exc}") from None
         if proc.code != 0:

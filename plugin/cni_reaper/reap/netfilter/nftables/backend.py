@@ -6,7 +6,7 @@ rules: nothing is read there (no `nft` run at all without the binary; a listing 
 from __future__ import annotations
 
 from cni_reaper import jsonio
-from cni_reaper.reap.netfilter import flavour, tools
+from cni_reaper.reap.netfilter import flavour, processes
 from cni_reaper.reap.netfilter.interface import BackendError
 from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRule, parse_listing, script
 
@@ -22,7 +22,7 @@ class NftBackend:
     def _run(self, argv: list[str], stdin: str | None = None) -> str:
         assert self.binary
         try:
-            proc = tools.run([self.binary, *argv], stdin, TIMEOUT_SECONDS)
+            proc = processes.run([self.binary, *argv], stdin, TIMEOUT_SECONDS)
         except OSError as exc:
             raise BackendError(f"nft: {exc}") from None
         if proc.code != 0:
@@ -67,7 +67,7 @@ class NftBackend:
         """(exit status, output, error output) of each nft command, all run at once."""
         assert self.binary
         try:
-            done = tools.run_all([[self.binary, *argv] for argv in argvs], timeout=TIMEOUT_SECONDS)
+            done = processes.run_all([[self.binary, *argv] for argv in argvs], timeout=TIMEOUT_SECONDS)
         except OSError as exc:
             raise BackendError(f"nft: {exc}") from None
         return [(d.code, d.out, d.err) for d in done]

@@ -1,4 +1,4 @@
-"""The backends' way of running the host's tools (reap/netfilter/tools.py), against real processes: what
+"""The backends' way of running the host's tools (reap/netfilter/processes.py), against real processes: what
 `subprocess` gave them (output, errors, exit status, a timeout that leaves nothing running), and what a
 restore of thousands of rules needs (a large stdin to a tool that writes before it reads, bytes that are no
 UTF-8 given back as they were printed)."""
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cni_reaper.reap.netfilter import tools
+from cni_reaper.reap.netfilter import processes as tools
 
 SH = "/bin/sh"
 
@@ -72,7 +72,7 @@ def test_no_descriptor_is_left_open():
 
 PY_PROBE = """
 import signal, sys
-from cni_reaper.reap.netfilter import tools
+from cni_reaper.reap.netfilter import processes as tools
 if sys.argv[1] == "ignored":
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # as a runtime may pass it on across exec
 done = tools.run(["/bin/sh", "-c", "echo hi; exit 3"])
