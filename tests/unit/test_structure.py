@@ -184,3 +184,12 @@ def test_no_function_grows_past_a_cyclomatic_complexity_of_15():
     assert not over, f"split these (radon cc over 15, or over their count in COMPLEX): {over}"
     stale = {name: (COMPLEX[name], found.get(name)) for name in COMPLEX if found.get(name, 0) < COMPLEX[name]}
     assert not stale, f"lower or drop these in COMPLEX (simpler now, or gone): {stale}"
+
+
+def test_no_function_is_over_50_lines():
+    long = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
+                long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, long
