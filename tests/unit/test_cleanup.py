@@ -259,7 +259,7 @@ def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(m
     reads a handle as the rule to add after (nft 1.0.6 here ignores it: a fake stands in for one that does
     not), so undo leaves it out."""
     from cni_reaper.reap.netfilter.nftables import backend
-    from cni_reaper.state.journal import Entry
+    from cni_reaper.state.journal import Removed
     from cni_reaper.tools import undo
 
     added: list = []
@@ -279,5 +279,5 @@ def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(m
     rule = {"family": "ip", "table": "cni_hostport", "chain": "hostports", "handle": 41, "comment": "alloc-1",
             "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}}]}
     item = {"kind": "nft", "family": "ip", "table": "cni_hostport", "chain": "hostports", "rule": rule, "what": "x"}
-    undo._native([Entry({"id": "e"}, 0, item)], Nobody(), undo.Report(), dry_run=False)
+    undo._native([Removed({"id": "e"}, 0, item)], Nobody(), undo.Report(), dry_run=False)
     assert added == [{k: v for k, v in rule.items() if k != "handle"}]

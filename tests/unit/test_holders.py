@@ -61,7 +61,7 @@ def test_a_host_port_is_shadowed_only_by_another_containers_mapping_of_it():
 def test_a_failed_transaction_puts_back_none_of_its_rules_and_says_why(monkeypatch):
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.nftables import backend
-    from cni_reaper.state.journal import Entry
+    from cni_reaper.state.journal import Removed
     from cni_reaper.tools import undo
 
     class Nft:
@@ -80,5 +80,5 @@ def test_a_failed_transaction_puts_back_none_of_its_rules_and_says_why(monkeypat
             "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}}]}
     item = {"kind": "nft", "family": "ip", "table": "cni_hostport", "chain": "hostports", "rule": rule, "what": "x"}
     report = undo.Report()
-    undo._native([Entry({"id": "e"}, 0, item)], Nobody(), report, dry_run=False)
+    undo._native([Removed({"id": "e"}, 0, item)], Nobody(), report, dry_run=False)
     assert report.restored == [] and [why for _, why in report.refused] == ["nft: refused"]

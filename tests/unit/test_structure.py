@@ -161,7 +161,7 @@ COMPLEX = {
     "cni_reaper.state.record._head_problem": 16,
     "cni_reaper.state.index.first_part": 18,
     "cni_reaper.state.index.Index._read": 16, "cni_reaper.state.journal.items": 20, "cni_reaper.reap.cleanup._forget": 18,
-    "cni_reaper.reap.evidence.judge_cached": 16, "cni_reaper.reap.cache.Entry.__init__": 17,
+    "cni_reaper.reap.evidence.judge_cached": 16, "cni_reaper.reap.cache.Cached.__init__": 17,
     "cni_reaper.reap.sweep.sweep": 18, "cni_reaper.reap.sweep.settle": 16, "cni_reaper.reap.netfilter.domain.domains": 19,
 }
 

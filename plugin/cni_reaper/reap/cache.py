@@ -57,7 +57,7 @@ def exists(cache_dir: str, network: str, container_id: str, ifname: str) -> bool
         return None
 
 
-class Entry:
+class Cached:
     """One cached attachment, as far as cni-reaper reads it."""
 
     __slots__ = ("container_id", "doc", "ifname", "ips", "mtime", "name", "netns", "network", "text", "veths")
@@ -104,7 +104,7 @@ def _result_ips(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def _read(dir_fd: int, name: str) -> Entry | None:
+def _read(dir_fd: int, name: str) -> Cached | None:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
@@ -122,10 +122,10 @@ def _read(dir_fd: int, name: str) -> Entry | None:
         doc = jsonio.loads(data)
     except (ValueError, RecursionError, UnicodeDecodeError):
         return None
-    return Entry(name, doc, st.st_mtime_ns, data.decode("utf-8", "surrogateescape")) if isinstance(doc, dict) else None
+    return Cached(name, doc, st.st_mtime_ns, data.decode("utf-8", "surrogateescape")) if isinstance(doc, dict) else None
 
 
-def entries(cache_dir: str, network: str, container_id: str) -> list[Entry] | None:
+def entries(cache_dir: str, network: str, container_id: str) -> list[Cached] | None:
     """The cached attachments of (network, container ID), any ifname, judged by their content (a name alone
     is ambiguous: IDs and ifnames may contain "-"); None when the cache cannot be read."""
     results = Results(cache_dir)
@@ -146,7 +146,7 @@ class Results:
         except OSError:
             self.names = None
 
-    def read(self, network: str, container_id: str) -> list[tuple[str, Entry | None]]:
+    def read(self, network: str, container_id: str) -> list[tuple[str, Cached | None]]:
         """Each file named for (network, container ID), any ifname, with its entry (None: it cannot be read);
         a name alone is ambiguous, the caller judges the content (_of)."""
         from bisect import bisect_left
@@ -169,7 +169,7 @@ class Results:
             os.close(fd)
         return list(zip(mine, found))
 
-    def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Entry] | None:
+    def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Cached] | None:
         """The cached results of this attachment (any ifname when "") that name one of the `released`
         addresses: what forget() must rewrite. None when its own entry is there and cannot be read (too
         large, not a plain file, not JSON): it may name them, so its addresses must not be released."""
@@ -181,12 +181,12 @@ class Results:
                 and not (ifname and e.ifname != ifname) and released & set(e.ips)]
 
 
-def _of(e: Entry, network: str, container_id: str) -> bool:
+def _of(e: Cached, network: str, container_id: str) -> bool:
     """Whether a cached entry is one of (network, container ID) by its content."""
     return e.network == network and e.container_id == container_id
 
 
-def forget(cache_dir: str, jobs: list[tuple[Entry, set[str]]]) -> list[bool]:
+def forget(cache_dir: str, jobs: list[tuple[Cached, set[str]]]) -> list[bool]:
     """Take each job's released addresses out of its cached result and write it back atomically (each file
     made durable, the directory once at the end); whether each was. A later DEL of the dead attachment then
     hands the plugins no address that another attachment may hold by then (the firewall plugin deletes the
@@ -218,7 +218,7 @@ def without(result: dict[str, Any], released: set[str]) -> dict[str, Any]:
     return out
 
 
-def _rewrite(dfd: int, e: Entry, released: set[str]) -> bool:
+def _rewrite(dfd: int, e: Cached, released: set[str]) -> bool:
     """Replace the entry atomically: the new content is written beside the results directory (libcni 1.3
     reads every file in it as an attachment) and renamed over the entry."""
     doc = dict(e.doc)

@@ -283,7 +283,7 @@ def _forget(targets: list[Target], outcome: Outcome, settings: Settings) -> None
     from cni_reaper.state.journal import batches
 
     listed: dict[str, cache.Results] = {}
-    jobs: list[tuple[Target, cache.Entry]] = []
+    jobs: list[tuple[Target, cache.Cached]] = []
     failed: dict[tuple[str, str, str], Target] = {}
     for t in targets:
         if t.cache_dir:

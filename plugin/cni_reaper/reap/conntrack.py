@@ -68,7 +68,7 @@ def _tuple_ip(buf: bytes, span: tuple[int, int] | None, family: int) -> tuple[st
     return out[0], out[1]
 
 
-class Entry:
+class Flow:
     """What a clean-up needs of one conntrack entry: its addresses, and how to name it in a delete."""
 
     __slots__ = ("family", "orig_dst", "orig_tuple", "reply_src", "tail")
@@ -118,7 +118,7 @@ class Socket:
                     return
                 offset += (length + 3) & ~3
 
-    def dump(self, family: int) -> list[Entry]:
+    def dump(self, family: int) -> list[Flow]:
         """Every entry of one family (AF_INET, AF_INET6)."""
         self.sock.send(self._message(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, family))
         entries = []
@@ -138,10 +138,10 @@ class Socket:
             reply_src, _ = _tuple_ip(buf, attrs.get(CTA_TUPLE_REPLY), family)
             tail = b"".join(buf[attrs[k][0] - 4:attrs[k][1]] + b"\0" * (-(attrs[k][1] - attrs[k][0]) % 4)
                             for k in (CTA_ZONE, CTA_ID) if k in attrs)
-            entries.append(Entry(family, orig_dst, reply_src, bytes(buf[orig[0] - 4:orig[1]]), tail))
+            entries.append(Flow(family, orig_dst, reply_src, bytes(buf[orig[0] - 4:orig[1]]), tail))
         return entries
 
-    def delete(self, entries: list[Entry]) -> int:
+    def delete(self, entries: list[Flow]) -> int:
         """Delete the entries; those that are gone already count as deleted. Returns how many went."""
         deleted = 0
         for i in range(0, len(entries), BATCH):
@@ -167,8 +167,8 @@ class Socket:
         return deleted
 
 
-def _matching(ct: Socket, addresses: set[str]) -> tuple[list[Entry], dict[str, int]]:
-    doomed: list[Entry] = []
+def _matching(ct: Socket, addresses: set[str]) -> tuple[list[Flow], dict[str, int]]:
+    doomed: list[Flow] = []
     counts: dict[str, int] = {}
     for family in sorted({socket.AF_INET6 if ":" in a else socket.AF_INET for a in addresses}):
         for e in ct.dump(family):

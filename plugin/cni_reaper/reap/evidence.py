@@ -249,7 +249,7 @@ def judge_tombstone(f: Facts, deleted_at: float, cached: bool | None, cached_now
 
 
 def judge_cached(entries: list[Any], view: View) -> tuple[str, str]:
-    """An attachment with no record, by libcni's cache entries of it (cache.Entry): DEAD when every cached
+    """An attachment with no record, by libcni's cache entries of it (cache.Cached): DEAD when every cached
     life's netns is gone in a verified directory and none of its veths is left; LIVE when one of them is
     there; UNKNOWN otherwise (no entry: an ADD in flight, or another runtime's)."""
     if not entries:

@@ -130,7 +130,7 @@ def read(store: Store) -> list[dict[str, Any]]:
     return out
 
 
-class Entry:
+class Removed:
     """One removed item as the journal tells it: which intent, which item, whether it is surely removed
     (a `done` says so) or perhaps (a crash came between), and whether an undo put it back already."""
 
@@ -145,15 +145,15 @@ class Entry:
         self.restored = False
 
 
-def items(store: Store, container_id: str | None = None) -> list[Entry]:
+def items(store: Store, container_id: str | None = None) -> list[Removed]:
     """The removed items, oldest first, of one container (or all)."""
-    entries: dict[tuple[str, int], Entry] = {}
+    entries: dict[tuple[str, int], Removed] = {}
     for event in read(store):
         if event["t"] == "intent":
             for i, item in enumerate(event.get("items") or []):
                 key = item.get("key") if isinstance(item, dict) else None
                 if isinstance(key, list) and len(key) == 3 and (container_id is None or key[1] == container_id):
-                    entries[(event["id"], i)] = Entry(event, i, item)
+                    entries[(event["id"], i)] = Removed(event, i, item)
         elif event["t"] == "done":
             for i in event.get("removed") or []:
                 if (event["id"], i) in entries:

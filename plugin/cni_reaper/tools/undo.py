@@ -27,23 +27,23 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.reap.holders import Holders
-    from cni_reaper.state.journal import Entry
+    from cni_reaper.state.journal import Removed
     from cni_reaper.state.store import Store
 
 class Report:
     def __init__(self) -> None:
-        self.restored: list[tuple[Entry, str]] = []
-        self.refused: list[tuple[Entry, str]] = []
-        self.gone: list[tuple[Entry, str]] = []  # can never be put back (not asked again)
-        self.unrestorable: list[Entry] = []
+        self.restored: list[tuple[Removed, str]] = []
+        self.refused: list[tuple[Removed, str]] = []
+        self.gone: list[tuple[Removed, str]] = []  # can never be put back (not asked again)
+        self.unrestorable: list[Removed] = []
 
-    def ok(self, e: Entry, what: str) -> None:
+    def ok(self, e: Removed, what: str) -> None:
         self.restored.append((e, what))
 
-    def no(self, e: Entry, why: str) -> None:
+    def no(self, e: Removed, why: str) -> None:
         self.refused.append((e, why))
 
-    def failed(self, entries: list[Entry], why: str) -> None:
+    def failed(self, entries: list[Removed], why: str) -> None:
         """What was to be put back in a transaction that failed: none of it is back."""
         ids = {id(e) for e in entries}
         for e, _ in [(e, w) for e, w in self.restored if id(e) in ids]:
@@ -51,7 +51,7 @@ class Report:
         self.restored = [(e, w) for e, w in self.restored if id(e) not in ids]
 
 
-def pending(store: Store, cid: str) -> list[Entry]:
+def pending(store: Store, cid: str) -> list[Removed]:
     from cni_reaper.state import journal
 
     return [e for e in journal.items(store, cid) if not e.restored]
@@ -83,10 +83,10 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
     return report
 
 
-def _put_back(store: Store, entries: list[Entry], holders: Holders, report: Report, dry_run: bool,
+def _put_back(store: Store, entries: list[Removed], holders: Holders, report: Report, dry_run: bool,
               held: dict[Any, Any]) -> None:
     """Each sound journal item put back as its kind is (or refused, with the reason), against `holders`."""
-    kinds: dict[str, list[Entry]] = {}
+    kinds: dict[str, list[Removed]] = {}
     for e in entries:
         damage = damaged(e.item)
         if damage:
@@ -167,7 +167,7 @@ def damaged(item: dict[str, Any]) -> str | None:
 
 
 # -- reservations -----------------------------------------------------------------------------------
-def _reservations(entries: list[Entry], holders: Holders, report: Report, dry_run: bool,
+def _reservations(entries: list[Removed], holders: Holders, report: Report, dry_run: bool,
                   locked: dict[Any, Any]) -> None:
     """`locked`: host-local's directories locked for the whole undo, by (data dir, network)."""
     from cni_reaper.reap.hostlocal import NetworkDir
@@ -218,15 +218,15 @@ def _write_reservation(d: Any, it: dict[str, Any]) -> None:
 
 
 # -- iptables ------------------------------------------------------------------------------------------
-def _iptables(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
-    groups: dict[tuple[int, str], list[Entry]] = {}
+def _iptables(entries: list[Removed], holders: Holders, report: Report, dry_run: bool) -> None:
+    groups: dict[tuple[int, str], list[Removed]] = {}
     for e in entries:
         groups.setdefault((e.item["family"], e.item["flavour"]), []).append(e)
     for (family, flavour), group in sorted(groups.items()):
         _iptables_family(family, flavour, group, holders, report, dry_run)
 
 
-def _iptables_family(family: int, flavour: str, entries: list[Entry], holders: Holders, report: Report,
+def _iptables_family(family: int, flavour: str, entries: list[Removed], holders: Holders, report: Report,
                      dry_run: bool) -> None:
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
@@ -267,7 +267,7 @@ class _IptablesPlan:
         self.candidates: set[tuple[str, str]] = set()  # chains that may come back (if a jump to them does)
         self.jumped: set[tuple[str, str]] = set()  # chains a rule put back jumps to
         self.inserted: dict[tuple[str, str], int] = {}
-        self.entries: list[Entry] = []
+        self.entries: list[Removed] = []
         self.taken: set[tuple[str, str, str, Any]] = set()  # (table, chain, op, spec) of what is put back
 
     def text(self) -> str:
@@ -281,7 +281,7 @@ class _IptablesPlan:
         t = self.tables.get(table)
         return (t is not None and chain in t.chains) or (table, chain) in self.candidates
 
-    def chain_ok(self, e: Entry) -> str | None:
+    def chain_ok(self, e: Removed) -> str | None:
         it = e.item
         t = self.tables.get(it["table"])
         if t is not None and it["chain"] in t.chains:
@@ -294,7 +294,7 @@ class _IptablesPlan:
 
         return self.holders.of(rule_addresses(parse_rule(chain, spec)))
 
-    def take(self, e: Entry, report: Report) -> None:
+    def take(self, e: Removed, report: Report) -> None:
         it = e.item
         table, chain = it["table"], it["chain"]
         again = (table, chain, it["op"], it.get("spec"))
@@ -356,7 +356,7 @@ def _target(chain: str, spec: str) -> str | None:
 
 
 # -- native nftables, libcni's cache, the record -----------------------------------------------------------
-def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
+def _native(entries: list[Removed], holders: Holders, report: Report, dry_run: bool) -> None:
     from cni_reaper.reap.holders import PortMap
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.nftables.backend import NftBackend
@@ -388,7 +388,7 @@ def _native(entries: list[Entry], holders: Holders, report: Report, dry_run: boo
         _add_native(nft, adds, ok, report)
 
 
-def _add_native(nft: Any, adds: list[dict[str, Any]], entries: list[Entry], report: Report) -> None:
+def _add_native(nft: Any, adds: list[dict[str, Any]], entries: list[Removed], report: Report) -> None:
     """Add the rules in one transaction; when it fails, none of `entries` was put back, and the report says so."""
     from cni_reaper.reap.netfilter.interface import BackendError
 
@@ -423,7 +423,7 @@ def _native_key(rule: dict[str, Any]) -> str:
                          rule.get("comment")])
 
 
-def _cache(entries: list[Entry], holders: Holders, report: Report, dry_run: bool) -> None:
+def _cache(entries: list[Removed], holders: Holders, report: Report, dry_run: bool) -> None:
     from cni_reaper import jsonio
     from cni_reaper.reap import cache
 
@@ -437,7 +437,7 @@ def _cache(entries: list[Entry], holders: Holders, report: Report, dry_run: bool
             report.gone.append((e, f"libcni no longer caches {it['entry']} (its DEL ran): nothing to put back"))
             continue
         original = jsonio.loads(it["content"])
-        released = set(cache.Entry(it["entry"], original, 0).ips) - set(cache.Entry(it["entry"], current, 0).ips)
+        released = set(cache.Cached(it["entry"], original, 0).ips) - set(cache.Cached(it["entry"], current, 0).ips)
         if current != _forgotten(original, released):
             report.no(e, f"libcni's cached result {it['entry']} was rewritten since (a newer life)")
             continue
@@ -468,10 +468,10 @@ def _forgotten(original: dict[str, Any], released: set[str]) -> dict[str, Any]:
     return doc
 
 
-def _record(store: Store, entries: list[Entry], report: Report, dry_run: bool) -> None:
+def _record(store: Store, entries: list[Removed], report: Report, dry_run: bool) -> None:
     """Each attachment's newest journaled record put back (a container may have several: one per network and
     interface), unless a record of it exists now."""
-    by_key: dict[Any, list[Entry]] = {}
+    by_key: dict[Any, list[Removed]] = {}
     for e in entries:
         k = e.item.get("key")
         by_key.setdefault(tuple(k) if isinstance(k, list) else None, []).append(e)
@@ -479,7 +479,7 @@ def _record(store: Store, entries: list[Entry], report: Report, dry_run: bool) -
         _record_of(store, group, report, dry_run)
 
 
-def _record_of(store: Store, entries: list[Entry], report: Report, dry_run: bool) -> None:
+def _record_of(store: Store, entries: list[Removed], report: Report, dry_run: bool) -> None:
     from cni_reaper.state.record import key, problem
 
     newest = max(entries, key=lambda e: e.at)
