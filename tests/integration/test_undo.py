@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from testkit.sandbox import Stack, ips_of, open_sandbox, unique
+from testkit.sandbox import Held, Stack, add_stall_plugin, flavour_bin_dir, ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
@@ -404,3 +404,101 @@ def test_something_not_host_locals_at_a_reservations_name_is_said_never_a_traceb
         out = cli(sb, "undo", dead)
         assert out.returncode == 4 and "Error" not in out.stderr, out.stdout + out.stderr
         assert f"{ip} cannot be written" in out.stdout, out.stdout
+
+
+# -- red team of the holder check: other worlds, other flavours, other data directories --------------------------
+def _mapped_back(sb, tables_before: str, native_before: list[str], port: int) -> list[str]:
+    added = (set(sb.tables().splitlines()) - set(tables_before.splitlines())) | (set(sb.native_rules()) - set(native_before))
+    return sorted(l for l in added if str(port) in l)
+
+
+@pytest.mark.parametrize("dead_world,live_world", [("iptables", "native"), ("native", "iptables")])
+def test_undo_puts_back_no_mapping_of_a_host_port_another_world_maps_now(tmp_path, flavour, package_exe, dead_world,
+                                                                         live_world):
+    """A live allocation maps host port 8080 in one world (iptables, or the plugins' native tables); the dead one
+    mapped it in the other. The kernel runs both worlds' nat hooks: undo must not put the dead mapping back
+    (the first red team's finding: the port check read only the world it wrote into)."""
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        ipt = sb.conflist(name="net-ipt", bridge="rti0", subnet="10.81.0.0/24")
+        nat = sb.native_conflist(name="nomad-reaper.conflist")
+        data = json.loads(nat.read_text())
+        data["name"] = "net-nat"
+        for p in data["plugins"]:
+            if p["type"] == "bridge":
+                p["bridge"], p["ipam"]["ranges"] = "rtn0", [[{"subnet": "10.82.0.0/24"}]]
+        nat.write_text(json.dumps(data))
+        conf = {"iptables": ipt, "native": nat}
+        ips_of(sb.driver("add", unique("alloc-"), sb.container(), ("9999:80/tcp",), conf[live_world]))
+        dead, live, ns_dead, ns_live = unique("alloc-"), unique("alloc-"), sb.container(), sb.container()
+        ips_of(sb.driver("add", dead, ns_dead, ("8080:80/tcp",), conf[dead_world]))
+        sb.remove_container(ns_dead)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        [lip] = ips_of(sb.driver("add", live, ns_live, ("8080:80/tcp",), conf[live_world]))
+        gw = lip.rsplit(".", 1)[0] + ".1"
+        tables, native_rules = sb.tables(), sb.native_rules()
+        out = cli(sb, "undo", dead)
+        assert out.returncode == 4 and "host port 8080/tcp is mapped by another allocation now" in out.stdout, out.stdout
+        assert _mapped_back(sb, tables, native_rules, 8080) == [], out.stdout
+        assert sb.reach(ns_live, gw, 8080, "the live one") == "the live one"
+
+
+@pytest.mark.parametrize("dead_flavour,live_flavour", [("legacy", "nft"), ("nft", "legacy")])
+def test_undo_puts_back_no_mapping_of_a_host_port_the_other_flavour_maps_now(tmp_path, package_exe, dead_flavour,
+                                                                             live_flavour):
+    """The same across iptables flavours (a host whose iptables alternative changed): the dead allocation's
+    DNAT was made with one flavour, the live one's with the other."""
+    with open_sandbox(tmp_path, live_flavour, package_exe, NOMAD) as sb:
+        a = sb.conflist(name="net-a", bridge="rta0", subnet="10.91.0.0/24")
+        b = sb.conflist(name="net-b", bridge="rtb0", subnet="10.92.0.0/24")
+        ips_of(sb.driver("add", unique("alloc-"), sb.container(), ("9999:80/tcp",), b))
+        sb.extra_env["PATH"] = f"{flavour_bin_dir(tmp_path, dead_flavour)}:/usr/sbin:/usr/bin:/sbin:/bin"
+        dead, live, ns_dead, ns_live = unique("alloc-"), unique("alloc-"), sb.container(), sb.container()
+        ips_of(sb.driver("add", dead, ns_dead, ("8080:80/tcp",), a))
+        sb.remove_container(ns_dead)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        sb.extra_env.pop("PATH")
+        [lip] = ips_of(sb.driver("add", live, ns_live, ("8080:80/tcp",), b))
+        out = cli(sb, "undo", dead)
+        assert out.returncode == 4 and "host port 8080/tcp is mapped by another allocation now" in out.stdout, out.stdout
+        assert sb.reach(ns_live, lip.rsplit(".", 1)[0] + ".1", 8080, "the live one") == "the live one"
+
+
+@pytest.mark.parametrize("forming", [True, False], ids=["forming", "live-without-reaper"])
+def test_undo_sees_a_reservation_in_any_data_directory_host_local_may_use(tmp_path, flavour, package_exe, forming):
+    """The dead one's address went to an attachment whose host-local keeps it in /var/run/cni (Nomad 1.9.4+'s
+    bridge), that cni-reaper has no record of: one still forming (stopped after portmap, before cni-reaper), or
+    one of a chain without cni-reaper. Undo puts back nothing of that address (the first red team's finding:
+    it read only the conflists' data directories)."""
+    def one_address(path, data_dir=None):
+        data = json.loads(path.read_text())
+        for p in data["plugins"]:
+            if p["type"] == "bridge":
+                p["ipam"]["ranges"] = [[{"subnet": "172.30.0.0/24", "rangeStart": "172.30.0.7", "rangeEnd": "172.30.0.7"}]]
+                if data_dir:
+                    p["ipam"]["dataDir"] = data_dir
+        path.write_text(json.dumps(data))
+        return path
+
+    with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
+        old = one_address(sb.conflist(bridge="undo0"))
+        dead, ns_dead = unique("alloc-"), sb.container()
+        [ip] = ips_of(sb.driver("add", dead, ns_dead, PORTS, old))
+        sb.remove_container(ns_dead)
+        assert cli(sb, "sweep", "--apply").returncode == 0
+        new = one_address(sb.conflist(path=old, without_reaper=not forming), "/var/run/cni")
+        live, ns_live = unique("alloc-"), sb.container()
+        held = None
+        if forming:
+            stalled, stall_dir = add_stall_plugin(sb, new)
+            held = Held(sb, stalled, stall_dir, live, ns_live, ("9090:80/tcp",))
+            held.wait()
+        else:
+            assert ips_of(sb.driver("add", live, ns_live, ("9090:80/tcp",), new)) == [ip]
+        before = set(sb.tables().splitlines())
+        out = cli(sb, "undo", dead)
+        back = sorted(l for l in set(sb.tables().splitlines()) - before if ip in l)
+        if held:
+            assert held.release().returncode == 0
+        assert out.returncode == 4 and back == [], (back, out.stdout)
+        assert not (sb.cni_dir / "networks" / "nomad-reaper" / ip).exists(), out.stdout
+        assert sb.record(dead) is None or not forming, "the dead record naming a forming attachment's address came back"

@@ -258,6 +258,7 @@ def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(m
     """A sweep journals each native rule as nft printed it, its handle in it; in an add, nft's JSON schema
     reads a handle as the rule to add after (nft 1.0.6 here ignores it: a fake stands in for one that does
     not), so undo leaves it out."""
+    from cni_reaper.reap.holders import PortMap
     from cni_reaper.reap.netfilter.nftables import backend
     from cni_reaper.state.journal import Removed
     from cni_reaper.tools import undo
@@ -277,7 +278,8 @@ def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(m
 
     monkeypatch.setattr(backend, "NftBackend", Nft)
     rule = {"family": "ip", "table": "cni_hostport", "chain": "hostports", "handle": 41, "comment": "alloc-1",
-            "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}}]}
+            "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}},
+                     {"dnat": {"addr": "10.0.0.2", "port": 80}}]}
     item = {"kind": "nft", "family": "ip", "table": "cni_hostport", "chain": "hostports", "rule": rule, "what": "x"}
-    undo._native([Removed({"id": "e"}, 0, item)], Nobody(), undo.Report(), dry_run=False)
+    undo._native([Removed({"id": "e"}, 0, item)], Nobody(), PortMap(), undo.Report(), dry_run=False)
     assert added == [{k: v for k, v in rule.items() if k != "handle"}]

@@ -77,8 +77,42 @@ def test_a_failed_transaction_puts_back_none_of_its_rules_and_says_why(monkeypat
 
     monkeypatch.setattr(backend, "NftBackend", Nft)
     rule = {"family": "ip", "table": "cni_hostport", "chain": "hostports", "handle": 41, "comment": "alloc-1",
-            "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}}]}
+            "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}},
+                     {"dnat": {"addr": "10.0.0.2", "port": 80}}]}
     item = {"kind": "nft", "family": "ip", "table": "cni_hostport", "chain": "hostports", "rule": rule, "what": "x"}
     report = undo.Report()
-    undo._native([Removed({"id": "e"}, 0, item)], Nobody(), report, dry_run=False)
+    undo._native([Removed({"id": "e"}, 0, item)], Nobody(), PortMap(), report, dry_run=False)
     assert report.restored == [] and [why for _, why in report.refused] == ["nft: refused"]
+
+
+def test_a_journaled_native_rule_broader_than_the_plugins_make_is_not_put_back(monkeypatch):
+    """Red team: a damaged journal item whose DNAT lost its port match (or a masquerade its address) would catch
+    every packet once added back; undo refuses it."""
+    from cni_reaper.reap.netfilter.nftables import backend
+    from cni_reaper.state.journal import Removed
+    from cni_reaper.tools import undo
+
+    added: list = []
+
+    class Nft:
+        def read(self):
+            return []
+
+        def add(self, rules):
+            added.extend(rules)
+
+    class Nobody:
+        def of(self, addresses):
+            return None
+
+    monkeypatch.setattr(backend, "NftBackend", Nft)
+    no_port = {"family": "ip", "table": "cni_hostport", "chain": "hostports", "handle": 4, "comment": "alloc-1",
+               "expr": [{"dnat": {"addr": "10.0.0.2"}}]}
+    no_address = {"family": "inet", "table": "cni_plugins_masquerade", "chain": "masq_checks", "handle": 5,
+                  "comment": "x", "expr": [{"masquerade": None}]}
+    report = undo.Report()
+    for i, rule in enumerate((no_port, no_address)):
+        item = {"kind": "nft", "family": rule["family"], "table": rule["table"], "chain": rule["chain"], "rule": rule,
+                "what": "x"}
+        undo._native([Removed({"id": "e"}, i, item)], Nobody(), PortMap(), report, dry_run=False)
+    assert added == [] and len(report.refused) == 2 and all(why == undo.BROADER for _, why in report.refused)

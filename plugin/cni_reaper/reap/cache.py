@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 from cni_reaper import jsonio
+from cni_reaper.files import open_regular
 
 MAX_ENTRY_BYTES = 1 << 20
 RESULTS = "results"
@@ -219,21 +220,26 @@ def without(result: dict[str, Any], released: set[str]) -> dict[str, Any]:
 
 
 def _rewrite(dfd: int, e: Cached, released: set[str]) -> bool:
-    """Replace the entry atomically: the new content is written beside the results directory (libcni 1.3
-    reads every file in it as an attachment) and renamed over the entry."""
+    """Replace the entry atomically with its addresses `released` forgotten."""
     doc = dict(e.doc)
     result = without(result_of(doc), released)
     doc["result"] = jsonio.dumps(result) if isinstance(doc.get("result"), str) else result
-    data = jsonio.dumps(doc).encode()
-    tmp = f".cni-reaper.{e.name}.{os.getpid()}"
+    return _replace(dfd, e.name, jsonio.dumps(doc).encode())
+
+
+def _replace(dfd: int, name: str, data: bytes, mode: int | None = None) -> bool:
+    """Replace entry `name` of the open results directory atomically: the new content is written beside the
+    directory (libcni 1.3 reads every file in it as an attachment), never blocking (files.open_regular), with
+    the entry's mode, and renamed over it. False when it could not be (nothing changed then)."""
+    tmp = f".cni-reaper.{name}.{os.getpid()}"
     try:
         pfd = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
         return False
     try:
-        st = os.stat(e.name, dir_fd=dfd, follow_symlinks=False)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, stat.S_IMODE(st.st_mode),
-                     dir_fd=pfd)
+        if mode is None:
+            mode = stat.S_IMODE(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+        fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode, dir_fd=pfd)
         try:
             view = memoryview(data)
             while view:
@@ -241,7 +247,7 @@ def _rewrite(dfd: int, e: Cached, released: set[str]) -> bool:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(tmp, e.name, src_dir_fd=pfd, dst_dir_fd=dfd)  # the directory is made durable by forget()
+        os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=dfd)  # the directory is made durable by forget()
         return True
     except OSError:
         try:
@@ -251,3 +257,32 @@ def _rewrite(dfd: int, e: Cached, released: set[str]) -> bool:
         return False
     finally:
         os.close(pfd)
+
+
+def current(cache_dir: str, name: str) -> Cached | None:
+    """Entry `name` of the cache as it is now (None: there is none, or it cannot be read as one)."""
+    try:
+        dfd = os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _read(dfd, name)
+    finally:
+        os.close(dfd)
+
+
+def put_back(cache_dir: str, name: str, content: str) -> bool:
+    """Entry `name` replaced by `content` as it was journaled (undo), atomically, made durable."""
+    try:
+        dfd = os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        done = _replace(dfd, name, content.encode("utf-8", "surrogateescape"), 0o600)
+        if done:
+            os.fsync(dfd)
+        return done
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)

@@ -175,10 +175,12 @@ class Holders:
 
 class PortMap:
     """The host ports mapped now, and by whom (a rule's comment: the plugins tag both worlds' DNAT with the
-    container), from the hostport DNAT chains of the tables read (iptables) and the native hostport chains."""
+    container), from the hostport DNAT chains of the tables read (iptables) and the native hostport chains.
+    `blind`: the worlds that could not be read (then no mapping may be put back: who maps what is not known)."""
 
     def __init__(self) -> None:
         self.mapped: list[tuple[HostPort, str]] = []
+        self.blind: list[str] = []
 
     def add_iptables(self, tables: dict[str, Table]) -> None:
         nat = tables.get("nat")
@@ -195,11 +197,39 @@ class PortMap:
     def shadowed(self, ports: set[HostPort], cid: str) -> str | None:
         """Why mapping `ports` for container `cid` would shadow another container's mapping now (a mapping
         whose owner no tag names is another's too)."""
+        if ports and self.blind:
+            return f"who maps host ports now is not known ({self.blind[0]})"
         for p in sorted(ports, key=str):
             for q, who in self.mapped:
                 if p.clashes(q) and who != cid:
                     return f"host port {p.port}/{p.proto or q.proto or 'any'} is mapped by another allocation now"
         return None
+
+
+def port_map() -> PortMap:
+    """Every host port mapped on this host now: the hostport DNAT chains of both iptables flavours (each that
+    has its tools here) in both families, and the plugins' native hostport tables. A put-back in one world
+    shadows a mapping in any other: the kernel runs every world's nat hooks."""
+    from cni_reaper.reap.netfilter import flavour
+    from cni_reaper.reap.netfilter.interface import BackendError
+    from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+
+    pm = PortMap()
+    for name in ("nft", "legacy"):
+        backend = SaveRestoreBackend(name)
+        for family in (4, 6):
+            if flavour.which(f"{'ip6' if family == 6 else 'ip'}tables-{name}-save") is None:
+                continue  # no such tool here: no such tables
+            try:
+                pm.add_iptables(backend.read(family))
+            except BackendError as exc:
+                pm.blind.append(f"ipv{family} iptables-{name}: {exc}")
+    try:
+        pm.add_native(NftBackend().read())
+    except BackendError as exc:
+        pm.blind.append(f"native tables: {exc}")
+    return pm
 
 
 def iptables_owner(comment: str | None) -> str:

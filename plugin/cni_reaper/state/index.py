@@ -603,5 +603,8 @@ class Index:
             self.sd.write(INDEX_NAME, data)
         except OSError:
             return
-        self.sd.unlink(JOURNAL_NAME)
+        kept = self.sd.unlink_or_error(JOURNAL_NAME)
+        if kept is not None:  # something not ours holds the journal's name: the index is made anew by each call
+            log.warn("index journal cannot be replaced", problem=kept.strerror, fix=f"remove {self.sd.root}/{JOURNAL_NAME}")
+            return self._unusable()
         self._journal_lines = 0

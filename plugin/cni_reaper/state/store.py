@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
-from cni_reaper.files import flock_within, open_regular
+from cni_reaper.files import flock_within
 from cni_reaper.state.index import Entry, Index
 from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
 from cni_reaper.state.record import key, problem, upgrade
@@ -201,9 +201,14 @@ class _Locked:
 
         st = self.store
         try:
-            self.fd = open_regular(LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600, dir_fd=st.dir.dfd)
+            # only locked, never written: whatever can be opened without blocking can be flocked (0.4.0 took a
+            # FIFO there too)
+            self.fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600,
+                              dir_fd=st.dir.dfd)
         except OSError as exc:
-            raise CniError(IO_FAILURE, f"cannot open lock file in {st.root}: {exc.strerror}") from None
+            raise CniError(IO_FAILURE, f"cannot open lock file in {st.root}: {exc.strerror}",
+                           f"{st.root}/{LOCK_NAME} must be a file cni-reaper can create or open: remove what is there "
+                           "(nothing can be recorded without it, as host-local fails on an unusable dataDir)") from None
         try:
             started = time.monotonic()
             if not flock_within(self.fd, st.lock_timeout):

@@ -26,7 +26,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cni_reaper.reap.holders import Holders
+    from cni_reaper.reap.holders import Holders, PortMap
     from cni_reaper.state.journal import Removed
     from cni_reaper.state.store import Store
 
@@ -57,6 +57,9 @@ def pending(store: Store, cid: str) -> list[Removed]:
     return [e for e in journal.items(store, cid) if not e.restored]
 
 
+# what a journaled rule that matches no address (or, mapping host ports, no port) is: the plugins make none such,
+# so its journal entry is damaged, and put back it would catch every packet
+BROADER = "it names no address or host port the plugins' rules name (a damaged journal entry?): not put back"
 LOCK_TIMEOUT = 10.0  # seconds for each of host-local's locks (as the CLI's lockTimeout by default)
 
 
@@ -70,7 +73,7 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
     entries = pending(store, cid)
     if not entries:
         return report
-    dirs = list(dict.fromkeys([*data_dirs, *(e.item["dataDir"] for e in entries if _absolute(e.item.get("dataDir")))]))
+    dirs = _data_dirs(store, data_dirs, entries)
     # no address is given or taken on these networks from the look at who holds what to the last put-back
     # (host-local's locks, after the state lock, in the one order every clean-up takes them)
     with locked_dirs({(d, n) for d in dirs for n in networks_in(d)}, LOCK_TIMEOUT) as held:
@@ -83,9 +86,25 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
     return report
 
 
+def _data_dirs(store: Store, given: list[str], entries: list[Removed]) -> list[str]:
+    """Every directory host-local may keep a reservation of these networks in: the ones given (the conflists'),
+    host-local's default and Nomad 1.9.4+'s (/var/run/cni), those the records and the journal name."""
+    from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
+
+    named = [e.item["dataDir"] for e in entries if _absolute(e.item.get("dataDir"))]
+    for r in store.records():
+        named += [ip["reservation"]["dataDir"] for life in (r["current"], *r["earlier"]) for ip in life["ips"]
+                  if ip.get("reservation")]
+        named += [r["settings"]["ipamDataDir"]] if r["settings"] else []
+    return list(dict.fromkeys([*given, *DEFAULT_IPAM_DIRS, *named]))
+
+
 def _put_back(store: Store, entries: list[Removed], holders: Holders, report: Report, dry_run: bool,
               held: dict[Any, Any]) -> None:
-    """Each sound journal item put back as its kind is (or refused, with the reason), against `holders`."""
+    """Each sound journal item put back as its kind is (or refused, with the reason), against `holders` and
+    the host ports every world maps now."""
+    from cni_reaper.reap.holders import PortMap, port_map
+
     kinds: dict[str, list[Removed]] = {}
     for e in entries:
         damage = damaged(e.item)
@@ -95,8 +114,9 @@ def _put_back(store: Store, entries: list[Removed], holders: Holders, report: Re
             kinds.setdefault(e.item.get("kind", ""), []).append(e)
     report.unrestorable = kinds.pop("conntrack", [])
     _reservations(kinds.get("reservation", []), holders, report, dry_run, held)
-    _iptables(kinds.get("iptables", []), holders, report, dry_run)
-    _native(kinds.get("nft", []), holders, report, dry_run)
+    ports = port_map() if kinds.get("iptables") or kinds.get("nft") else PortMap()
+    _iptables(kinds.get("iptables", []), holders, ports, report, dry_run)
+    _native(kinds.get("nft", []), holders, ports, report, dry_run)
     _cache(kinds.get("cache", []), holders, report, dry_run)
     _record(store, kinds.get("record", []), report, dry_run)
 
@@ -218,15 +238,22 @@ def _write_reservation(d: Any, it: dict[str, Any]) -> None:
 
 
 # -- iptables ------------------------------------------------------------------------------------------
-def _iptables(entries: list[Removed], holders: Holders, report: Report, dry_run: bool) -> None:
+def _iptables(entries: list[Removed], holders: Holders, ports: PortMap, report: Report, dry_run: bool) -> None:
     groups: dict[tuple[int, str], list[Removed]] = {}
     for e in entries:
         groups.setdefault((e.item["family"], e.item["flavour"]), []).append(e)
     for (family, flavour), group in sorted(groups.items()):
-        _iptables_family(family, flavour, group, holders, report, dry_run)
+        _iptables_family(family, flavour, group, _Checks(holders, ports), report, dry_run)
 
 
-def _iptables_family(family: int, flavour: str, entries: list[Removed], holders: Holders, report: Report,
+class _Checks:
+    """What a put-back is checked against: who holds addresses, and who maps host ports in every world."""
+
+    def __init__(self, holders: Holders, ports: PortMap) -> None:
+        self.holders, self.ports = holders, ports
+
+
+def _iptables_family(family: int, flavour: str, entries: list[Removed], checks: _Checks, report: Report,
                      dry_run: bool) -> None:
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
@@ -238,7 +265,7 @@ def _iptables_family(family: int, flavour: str, entries: list[Removed], holders:
         for e in entries:
             report.no(e, f"ipv{family} {flavour} tables cannot be read: {exc}")
         return
-    plan = _IptablesPlan(tables, holders)
+    plan = _IptablesPlan(tables, checks)
     chains = [e for e in entries if e.item["op"] == "chain"]
     rules = sorted((e for e in entries if e.item["op"] != "chain"), key=lambda e: e.item.get("index", 0))
     plan.candidates = {(e.item["table"], e.item["chain"]) for e in chains if plan.chain_ok(e) is None}
@@ -256,12 +283,8 @@ def _iptables_family(family: int, flavour: str, entries: list[Removed], holders:
 class _IptablesPlan:
     """The restore lines that put the items back, checked against the tables as they are now."""
 
-    def __init__(self, tables: dict[str, Any], holders: Holders) -> None:
-        from cni_reaper.reap.holders import PortMap
-
-        self.tables, self.holders = tables, holders
-        self.ports = PortMap()
-        self.ports.add_iptables(tables)
+    def __init__(self, tables: dict[str, Any], checks: _Checks) -> None:
+        self.tables, self.holders, self.ports = tables, checks.holders, checks.ports
         self.lines: dict[str, list[str]] = {}
         self.made: set[tuple[str, str]] = set()
         self.candidates: set[tuple[str, str]] = set()  # chains that may come back (if a jump to them does)
@@ -330,7 +353,7 @@ class _IptablesPlan:
         """Why a rule may not be put back: its chain or target is not there, an address it names is held by
         another attachment (untagged rules of it, firewall's, are that attachment's now, whatever they look
         like), it is there already, or it maps a host port another container maps now."""
-        from cni_reaper.reap.holders import IPTABLES_DNAT_CHAIN, iptables_owner, rule_ports
+        from cni_reaper.reap.holders import IPTABLES_DNAT_CHAIN, iptables_owner, rule_addresses, rule_ports
         from cni_reaper.reap.netfilter.iptables.rules import parse_rule
 
         t = self.tables.get(table)
@@ -345,8 +368,9 @@ class _IptablesPlan:
         if rule.target and rule.target.startswith("CNI-") and not self._exists(table, rule.target):
             return f"its target chain {rule.target} is not there"
         if chain == IPTABLES_DNAT_CHAIN:
-            return self.ports.shadowed(rule_ports(rule), iptables_owner(rule.comment))
-        return None
+            ports = rule_ports(rule)
+            return self.ports.shadowed(ports, iptables_owner(rule.comment)) if ports else BROADER
+        return None if rule_addresses(rule) else BROADER
 
 
 def _target(chain: str, spec: str) -> str | None:
@@ -356,8 +380,7 @@ def _target(chain: str, spec: str) -> str | None:
 
 
 # -- native nftables, libcni's cache, the record -----------------------------------------------------------
-def _native(entries: list[Removed], holders: Holders, report: Report, dry_run: bool) -> None:
-    from cni_reaper.reap.holders import PortMap
+def _native(entries: list[Removed], holders: Holders, ports: PortMap, report: Report, dry_run: bool) -> None:
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.nftables.backend import NftBackend
 
@@ -370,8 +393,6 @@ def _native(entries: list[Removed], holders: Holders, report: Report, dry_run: b
         for e in entries:
             report.no(e, f"the native tables cannot be read: {exc}")
         return
-    ports = PortMap()
-    ports.add_native(present)
     now = {_native_key(r.raw or {}) for r in present}
     adds, ok = [], []
     for e in entries:
@@ -406,6 +427,9 @@ def _native_verdict(rule: dict[str, Any], holders: Holders, ports: Any, now: set
     parsed = parse_rule(dict(rule, handle=0))  # journaled with its handle since 0.4; added back without
     if parsed is None:
         return "no", "its journaled rule is not one of the plugins' native rules"
+    if not native_addresses(parsed) or parsed.action not in ("dnat", "masquerade") or (
+            parsed.chain in DNAT_CHAINS and not native_ports(parsed)):
+        return "no", BROADER
     if _native_key(rule) in now:
         return "there", "already there"
     held = holders.of(native_addresses(parsed))
@@ -429,13 +453,11 @@ def _cache(entries: list[Removed], holders: Holders, report: Report, dry_run: bo
 
     for e in entries:
         it = e.item
-        path = os.path.join(cache.results_dir(it["cacheDir"]), it["entry"])
-        try:
-            with open(path, "rb") as f:
-                current = jsonio.loads(f.read())
-        except (OSError, ValueError):
+        now = cache.current(it["cacheDir"], it["entry"])
+        if now is None:
             report.gone.append((e, f"libcni no longer caches {it['entry']} (its DEL ran): nothing to put back"))
             continue
+        current = now.doc
         original = jsonio.loads(it["content"])
         released = set(cache.Cached(it["entry"], original, 0).ips) - set(cache.Cached(it["entry"], current, 0).ips)
         if current != _forgotten(original, released):
@@ -446,15 +468,9 @@ def _cache(entries: list[Removed], holders: Holders, report: Report, dry_run: bo
             report.no(e, f"libcni's cached result {it['entry']} would name {taken[0]} again, held by "
                          f"{holders.by_ip[taken[0]]} now (a later DEL of this attachment would remove its rules)")
             continue
-        if not dry_run:
-            tmp = f"{path}.cni-reaper-undo"
-            fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, it["content"].encode())
-            finally:
-                os.close(fd)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
+        if not dry_run and not cache.put_back(it["cacheDir"], it["entry"], it["content"]):
+            report.no(e, f"libcni's cached result {it['entry']} could not be written")
+            continue
         report.ok(e, f"libcni's cached result {it['entry']}")
 
 
