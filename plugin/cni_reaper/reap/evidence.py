@@ -154,7 +154,10 @@ def _link_evidence(f: Facts, view: View) -> tuple[str | None, str]:
         return None, "no veth recorded"
     if f.host_netns is None or f.host_netns != view.host.netns:
         return None, "this process runs in another network namespace than the attachment's host"
-    index = probes.link_index(f.veth)
+    try:
+        index = probes.link_index(f.veth)
+    except probes.Unseen as exc:
+        return None, str(exc)
     if index == f.veth_index:
         return LIVE, f"its veth {f.veth} is there"
     return DEAD, f"its veth {f.veth} is gone" if index is None else f"{f.veth} is another link now"
@@ -209,7 +212,7 @@ def out_of_reach(f: Facts, view: View) -> str | None:
     """Why this process cannot clean a dead life's leftovers (None: it can): its rules are in the network
     namespace it was recorded in, and this process runs in another one (in the same boot)."""
     if (f.host_netns is not None and f.boot is not None and view.host.boot is not None
-            and probes.same_boot(f.boot, view.host.boot) and f.host_netns != view.host.netns):
+            and probes.same_boot(f.boot, view.host.boot) is not False and f.host_netns != view.host.netns):
         return "this process runs in another network namespace than the attachment's host (its rules are there)"
     return None
 
@@ -256,7 +259,7 @@ def judge_cached(entries: list[Any], view: View) -> tuple[str, str]:
         return UNKNOWN, "no libcni cache entry of it (an ADD may be in flight, or it is another runtime's)"
     verdicts = []
     for e in entries:
-        if any(probes.link_index(name) is not None for name in e.veths):
+        if not all(probes.veth_gone(name) for name in e.veths):
             return LIVE, f"its veth is there ({', '.join(e.veths)})"
         if not e.netns.startswith("/"):
             verdicts.append((UNKNOWN, f"its cache entry {e.name} names no netns"))

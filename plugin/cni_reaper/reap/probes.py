@@ -307,13 +307,31 @@ def _tags(optional: list[bytes], kinds: tuple[bytes, ...]) -> list[int]:
 
 
 def link_index(name: str) -> int | None:
-    """The index of the link `name` in this network namespace, or None when there is none."""
+    """The index of the link `name` in this network namespace, or None when there is none. Raises Unseen when
+    the look failed: CPython's if_nametoindex says "no interface" for every failure (glibc's 0 when it cannot
+    even open its socket: too many open files, ENOMEM), so a miss is asked again of if_nameindex, which
+    lists the links or raises with the reason."""
     import _socket
 
     try:
         return _socket.if_nametoindex(name)
-    except (OSError, ValueError):
+    except ValueError:
         return None
+    except OSError:
+        pass
+    try:
+        listed = _socket.if_nameindex()
+    except OSError as exc:
+        raise Unseen(f"the links of this namespace ({name})", exc) from None
+    return next((index for index, n in listed if n == name), None)
+
+
+def veth_gone(name: str) -> bool:
+    """Whether no link `name` is in this network namespace (a link that cannot be looked at is not gone)."""
+    try:
+        return link_index(name) is None
+    except Unseen:
+        return False
 
 
 def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
@@ -321,7 +339,10 @@ def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
     h = host()
     veth = None
     for name in host_veths:
-        index = link_index(name)
+        try:
+            index = link_index(name)
+        except Unseen:
+            continue
         if index is not None:
             veth = {"name": name, "ifindex": index}
             break

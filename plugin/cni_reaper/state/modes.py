@@ -26,22 +26,37 @@ OBSERVED = ".observed"
 MAX_BYTES = 4 << 20
 
 
-def _load(store: Store, name: str) -> dict[str, str]:
-    data, _ = store.dir.read(name, MAX_BYTES)
+EVERY = "*"  # in what modes() gives: the file could not be read, so every network is taken as observed
+
+
+def _load(store: Store, name: str) -> dict[str, str] | None:
+    """The file's string pairs ({} when there is none); None when it is there and cannot be read as one."""
+    data, why = store.dir.read(name, MAX_BYTES)
+    if data is None:
+        return None if why else {}
     try:
-        doc = jsonio.loads(data) if data else {}
+        doc = jsonio.loads(data)
     except (ValueError, RecursionError, UnicodeDecodeError):
-        doc = {}
-    return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(doc, dict) else {}
+        return None
+    return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(doc, dict) else None
 
 
 def modes(store: Store) -> dict[str, str]:
-    return _load(store, MODES)
+    """Each network's mode as its own calls said it. A file that is there but cannot be read says nothing of
+    who is observed: every network is then (EVERY), and the file is not written over (it would lose them)."""
+    known = _load(store, MODES)
+    if known is None:
+        from cni_reaper import log
+
+        log.warn("the modes file cannot be read: every network is observed, nothing is removed",
+                 fix=f"remove {store.dir.root}/{MODES}; each network's next call says its mode again")
+        return {EVERY: "observe"}
+    return known
 
 
 def remember_mode(store: Store, known: dict[str, str], network: str, mode: str) -> None:
     """Note a network's mode when it differs from what the file says (the caller holds the lock)."""
-    if known.get(network, "clean") == mode:
+    if known.get(network, "clean") == mode or EVERY in known:
         return
     known[network] = mode
     try:
@@ -51,7 +66,7 @@ def remember_mode(store: Store, known: dict[str, str], network: str, mode: str) 
 
 
 def observed(store: Store) -> dict[str, str]:
-    return _load(store, OBSERVED)
+    return _load(store, OBSERVED) or {}
 
 
 def save_observed(store: Store, seen: dict[str, str]) -> None:
@@ -82,7 +97,7 @@ def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], set[str]]:
 
 
 def wrapped_networks(store: Store) -> set[str]:
-    return set(_load(store, WRAPPED))
+    return set(_load(store, WRAPPED) or {})
 
 
 def resolved(known: dict[str, str], wrapped: set[str], file: Any, networks: Iterable[str]) -> dict[str, str]:
@@ -93,11 +108,15 @@ def resolved(known: dict[str, str], wrapped: set[str], file: Any, networks: Iter
     are swept, whatever network's call or CLI sweeps them (a file that says observe stops every sweep)."""
     from cni_reaper.cni.conf import mode_of
 
+    every = {*networks, *known, *wrapped, *(file.networks if file is not None else ())} - {EVERY}
+    if known.get(EVERY) == "observe":
+        return {n: "observe" for n in every}
     out = dict(known)
     if file is None:
         return out
-    for n in {*networks, *known, *file.networks}:
-        if (n in file.networks or n in wrapped) and mode_of(file.for_network(n), []) == "observe":
+    for n in every:
+        # a file that cannot be used says nothing of its networks: they are observed (the safe side)
+        if (n in file.networks or n in wrapped) and (file.problem or mode_of(file.for_network(n), []) == "observe"):
             out[n] = "observe"
     return out
 

@@ -310,21 +310,20 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
 
 
 def _modes(store, group: list[Context], records: list[dict], settings) -> dict[str, str]:
-    """Each network's mode: as the conflists say it, else as the state directory knows it from the network's
-    own calls (a network whose conflist says so is noted there, under the lock); then the settings file's
-    word on the wrapped networks (state/modes.resolved: observe wins)."""
+    """Each network's mode: observe when the state directory (the network's own calls), its conflist here or
+    the settings file of wrapped networks says so (state/modes.resolved). The CLI writes none: its view (its
+    conflists, its settings file) may not be the runtime's, and only ever raises a mode for its own sweep."""
     from cni_reaper.state import modes
 
     known = modes.modes(store) if store is not None else {}
     for c in group:
-        if c.network and store is not None:
-            modes.remember_mode(store, known, c.network, c.conf.mode)
-        elif c.network:
-            known[c.network] = c.conf.mode
+        if c.network and c.conf.mode == "observe":
+            known[c.network] = "observe"
     if any(c.network is None and c.conf.mode == "observe" for c in group):  # no conflist: the settings say observe
         known.update({r["network"]: "observe" for r in records})
     wrapped = modes.wrapped_networks(store) if store is not None else set()
-    return modes.resolved(known, wrapped, settings, {r["network"] for r in records})
+    networks = {r["network"] for r in records} | {c.network for c in group if c.network}
+    return modes.resolved(known, wrapped, settings, networks)
 
 
 class _NoLock:

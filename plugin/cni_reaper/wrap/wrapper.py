@@ -187,6 +187,8 @@ def conf_for(stdin: bytes, result: bytes | None, settings: Settings) -> dict[str
                                        "cni.dev/attachments"))
     name = v.get("name")
     conf = {**settings.for_network(name if isinstance(name, str) else ""), **v, "type": "cni-reaper"}
+    if settings.problem:  # the file cannot be used: whatever it says of modes is not known, so observe
+        conf["mode"] = "observe"
     if result is not None:
         try:
             conf["prevResult"] = jsonio.loads(result)

@@ -1,0 +1,80 @@
+"""The one resolution of each network's mode (state/modes.py): observe wins, and whatever cannot be read says
+observe, never clean (the second red team of issue 32). Plus the one look at a link that can fail unseen."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cni_reaper.cni.settings_file import Settings
+from cni_reaper.state import modes
+
+
+def file_with(networks=None, keys=None, problem=""):
+    s = Settings("/etc/cni-reaper/config.json")
+    s.networks, s.keys, s.problem = networks or {}, keys or {}, problem
+    return s
+
+
+def test_observe_wins_over_every_clean():
+    f = file_with({"w": {"mode": "observe"}})
+    assert modes.resolved({"w": "clean", "c": "clean"}, {"w"}, f, ["w", "c"]) == {"w": "observe", "c": "clean"}
+    assert modes.resolved({"c": "observe"}, set(), file_with({"c": {"mode": "clean"}}), ["c"])["c"] == "observe"
+
+
+def test_the_files_top_level_mode_is_every_wrapped_networks_only():
+    out = modes.resolved({}, {"w1", "w2"}, file_with(keys={"mode": "observe"}), ["chained"])
+    assert out == {"w1": "observe", "w2": "observe"}  # the wrapped networks, not only those with records here
+
+
+def test_a_settings_file_that_cannot_be_used_observes_its_networks():
+    out = modes.resolved({"w": "clean", "c": "clean"}, {"w"}, file_with({"n": {}}, problem="not JSON"), ["w", "c"])
+    assert out == {"w": "observe", "n": "observe", "c": "clean"}
+
+
+def test_a_modes_file_that_cannot_be_read_observes_every_network(tmp_path):
+    from cni_reaper.state.store import Store
+
+    store = Store(str(tmp_path / "state"), 1).open()
+    try:
+        (tmp_path / "state" / modes.MODES).write_text("{not json")
+        os.chmod(tmp_path / "state" / modes.MODES, 0o600)
+        known = modes.modes(store)
+        assert modes.resolved(known, set(), None, ["a", "b"]) == {"a": "observe", "b": "observe"}
+        modes.remember_mode(store, known, "a", "clean")  # not written over: the others' observe would be lost
+        assert (tmp_path / "state" / modes.MODES).read_text() == "{not json"
+        (tmp_path / "state" / modes.MODES).unlink()
+        assert modes.modes(store) == {}  # none at all: nobody said observe
+    finally:
+        store.close()
+
+
+def test_a_wrapper_whose_settings_file_cannot_be_used_observes():
+    from cni_reaper.wrap.wrapper import conf_for
+
+    conf = conf_for(b'{"cniVersion": "1.0.0", "name": "nomad", "type": "portmap"}', None, file_with(problem="bad"))
+    assert conf is not None and conf["mode"] == "observe"
+
+
+def test_a_link_that_cannot_be_looked_at_is_unseen_never_gone(monkeypatch):
+    """CPython's if_nametoindex says "no interface" for every failure; the fall-back tells them apart. (A fake:
+    the kernel cannot be made to refuse the look here.)"""
+    import _socket
+
+    from cni_reaper.reap import probes
+
+    def nametoindex(name):
+        raise OSError("no interface with this name")
+
+    monkeypatch.setattr(_socket, "if_nametoindex", nametoindex)
+    monkeypatch.setattr(_socket, "if_nameindex", lambda: [(1, "lo"), (7, "veth1")])
+    assert probes.link_index("veth1") == 7 and probes.link_index("veth9") is None
+
+    def failing():
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(_socket, "if_nameindex", failing)
+    with pytest.raises(probes.Unseen):
+        probes.link_index("veth1")
+    assert not probes.veth_gone("veth1")
