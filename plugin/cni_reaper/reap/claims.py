@@ -66,9 +66,12 @@ class Claims:
         wanted_networks = {t.network for t in targets}
         wanted_ips = {ip for t in targets for ip in t.dead_ips}
         self.host_local: set[str] = set()  # the networks host-local keeps in a directory known here
+        self.read: dict[str, list[NetworkDir]] = {}  # network -> its directories read whole
         for d in {id(d): d for d in dirs}.values():
             if d.fd is not None:
                 self.host_local.add(d.network)
+                if d.network in wanted_networks:
+                    self.read.setdefault(d.network, []).append(d)
             found = d.all() if d.network in wanted_networks else [r for r in map(d.get, sorted(wanted_ips)) if r]
             for r in found:
                 self.by_ip.setdefault(r.ip, []).append(r)
@@ -98,6 +101,12 @@ class Claims:
         e = t.expect.get(ip)
         return e is not None and e.ident is not None
 
+    def _container_governed(self, t: Target) -> bool:
+        """Whether host-local's reservations can show every life of t's container: the runtime said it is over,
+        host-local proved that none is left (t.reserved_in, when unreserved_doubt found none), or it governs
+        one of t's addresses."""
+        return t.by_runtime or bool(t.reserved_in) or any(self.governed(t, ip) for ip in t.dead_ips)
+
     def ip_free(self, t: Target, ip: str) -> bool:
         """No one else holds `ip`: its untagged rules and conntrack entries may go."""
         if t.forming or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=False):
@@ -117,12 +126,30 @@ class Claims:
 
     def container_free(self, t: Target) -> bool:
         """No other life of t's container is live, unknown, being deleted or reserved: its chains may go."""
-        if t.forming or not (t.by_runtime or any(self.governed(t, ip) for ip in t.dead_ips)):
+        if t.forming or not self._container_governed(t):
             return False
         others = self.holder_containers.get((t.network, t.container_id), set()) - {t.key}
         if others or (not t.whole and t.key in self.holders):
             return False
         return all(self._own_by_kin(t, r) for r in self.by_container.get((t.network, t.container_id), []))
+
+    def unreserved_doubt(self, t: Target) -> str | None:
+        """Why host-local's word does not prove dead an attachment known by its tags alone (t.reserved_in; None:
+        it does). Under host-local's locks no address of the network is given or taken, and bridge asks for
+        one before it makes any rule: a container no reservation names, in every directory of its network
+        (the one host-local keeps it in, read whole, among them), has no life there that is live or forming."""
+        import os
+
+        dirs = self.read.get(t.network, [])
+        if not any(os.path.realpath(d.data_dir) == os.path.realpath(t.reserved_in) for d in dirs):
+            return (f"host-local's directory of the network ({t.reserved_in}/{t.network}) is not there or cannot be "
+                    "opened: nothing shows that no life of it holds an address")
+        unread = [f"{d.data_dir}/{d.network}/{name}" for d in dirs for name in d.unread]
+        if unread:
+            return f"a host-local reservation cannot be read ({unread[0]}): it may name it"
+        if self.by_container.get((t.network, t.container_id)):
+            return "a host-local reservation names it: a life of it is live or being made"
+        return None
 
     def releasable(self, t: Target, ip: str) -> list[Reservation]:
         """The dead life's own reservations of `ip` (in its network's directories)."""
@@ -144,12 +171,12 @@ class Claims:
         blind = sorted(ip for ip in t.dead_ips if not self.governed(t, ip))
         if t.forming or blind:
             return self.why_kept(t, blind[0] if blind else "")
-        if t.whole and not any(self.governed(t, ip) for ip in t.dead_ips):
+        if t.whole and not self._container_governed(t):
             return self.why_chains_kept(t)
         return None
 
     def why_chains_kept(self, t: Target) -> str:
-        if t.forming or not (t.by_runtime or any(self.governed(t, ip) for ip in t.dead_ips)):
+        if t.forming or not self._container_governed(t):
             return ("its chains stay: no host-local reservation shows whether a new life of the container is "
                     "being made (the runtime's DEL or GC removes them)")
         return "its chains stay, another life of it is there"

@@ -86,6 +86,13 @@ def _narrow(targets: list[Target], claims: Claims, outcome: Outcome) -> tuple[li
     whose untagged rules and conntrack entries must stay."""
     narrowed, protected = [], {}
     for t in targets:
+        doubt = claims.unreserved_doubt(t) if t.reserved_in else None
+        if doubt is not None:  # not proven dead: nothing of it is touched
+            narrowed.append(t.replace(dead_ips=frozenset(), whole=False, any_source=False, parts=frozenset()))
+            protected[t.key] = set[str]()
+            outcome.leave(t.network, t.container_id, "", doubt)
+            outcome.waiting[t.key] = doubt
+            continue
         kin_free = frozenset(ip for ip in t.dead_ips if claims.kin_free(t, ip))
         whole = t.whole and claims.container_free(t)
         n = t.narrowed(kin_free, whole)

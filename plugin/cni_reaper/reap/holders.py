@@ -6,12 +6,15 @@ chains as they are now, both worlds).
 
 A put-back is refused when one address it names is held by another attachment, or when it maps a host port
 (protocol and port; with or without a host IP: a mapping of a host IP is evaluated first and would shadow
-the live one, one without shadows it where the live one has none) that another container maps now. The
+the live one, one without shadows it where the live one has none) that another container maps now. An ADD
+asks the same (`mapped_now`, PortMap.others) of the host ports it was just given: who else maps them. The
 sweep's own question, what of a dead attachment's leftovers someone else holds under host-local's locks, is
 claims.py's; both read a record's holdings through `sweep.judge_record` and HOLDING.
 """
 
 from __future__ import annotations
+
+import os
 
 from cni_reaper.cni.ipaddr import parse_ip
 from cni_reaper.reap.values import Value
@@ -173,26 +176,39 @@ class Holders:
         return None
 
 
+class Mapping(Value):
+    """One host port a DNAT rule maps now, and the attachment its tag names: container ID ("" when no tag
+    names one), network ("" when the rule does not say: portmap's native rules name only the container)."""
+
+    __slots__ = ("container_id", "network", "port")
+
+    def __init__(self, port: HostPort, container_id: str, network: str = "") -> None:
+        self.port, self.container_id, self.network = port, container_id, network
+
+
 class PortMap:
     """The host ports mapped now, and by whom (a rule's comment: the plugins tag both worlds' DNAT with the
     container), from the hostport DNAT chains of the tables read (iptables) and the native hostport chains.
     `blind`: the worlds that could not be read (then no mapping may be put back: who maps what is not known)."""
 
     def __init__(self) -> None:
-        self.mapped: list[tuple[HostPort, str]] = []
+        self.mapped: list[Mapping] = []
         self.blind: list[str] = []
 
     def add_iptables(self, tables: dict[str, Table]) -> None:
+        from cni_reaper.reap.netfilter.iptables.plan import parse_tag
+
         nat = tables.get("nat")
         for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []) if nat is not None else []:
-            self.mapped += [(p, iptables_owner(r.comment)) for p in rule_ports(r)]
+            tag = parse_tag(r.comment or "")
+            self.mapped += [Mapping(p, tag[2] if tag else "", (tag[1] or "") if tag else "") for p in rule_ports(r)]
 
     def add_native(self, rules: list[NativeRule]) -> None:
         from cni_reaper.reap.netfilter.nftables.rules import DNAT_CHAINS, HOSTPORT_TABLES
 
         for r in rules:
             if (r.family, r.table) in HOSTPORT_TABLES and r.chain in DNAT_CHAINS and r.action == "dnat":
-                self.mapped += [(p, r.comment or "") for p in native_ports(r)]
+                self.mapped += [Mapping(p, r.comment or "") for p in native_ports(r)]
 
     def shadowed(self, ports: set[HostPort], cid: str) -> str | None:
         """Why mapping `ports` for container `cid` would shadow another container's mapping now (a mapping
@@ -200,10 +216,13 @@ class PortMap:
         if ports and self.blind:
             return f"who maps host ports now is not known ({self.blind[0]})"
         for p in sorted(ports, key=str):
-            for q, who in self.mapped:
-                if p.clashes(q) and who != cid:
-                    return f"host port {p.port}/{p.proto or q.proto or 'any'} is mapped by another allocation now"
+            for m in self.others(p, cid):
+                return f"host port {p.port}/{p.proto or m.port.proto or 'any'} is mapped by another allocation now"
         return None
+
+    def others(self, port: HostPort, cid: str) -> list[Mapping]:
+        """The mappings of `port` (same port and protocol, any host IP) by another container than `cid`."""
+        return [m for m in self.mapped if port.clashes(m.port) and m.container_id != cid]
 
 
 def port_map() -> PortMap:
@@ -227,6 +246,49 @@ def port_map() -> PortMap:
                 pm.blind.append(f"ipv{family} iptables-{name}: {exc}")
     try:
         pm.add_native(NftBackend().read())
+    except BackendError as exc:
+        pm.blind.append(f"native tables: {exc}")
+    return pm
+
+
+def mapped_now(backend: str, families: set[int]) -> PortMap:
+    """The host ports mapped now in the world an ADD's own portmap wrote to: the nat table of the `backend`
+    setting's iptables flavour in `families` (its save tool, not python-iptables: loading libiptc costs more
+    than the save) and the plugins' native hostport tables of those families (a connection to a host port
+    over IPv4 meets IPv4's DNAT only), all read at once. What cannot be read is `blind`."""
+    from cni_reaper.reap.netfilter import flavour, processes
+    from cni_reaper.reap.netfilter.interface import BackendError
+    from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
+    from cni_reaper.reap.netfilter.iptables.rules import parse_save
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+    from cni_reaper.reap.netfilter.nftables.rules import HOSTPORT_TABLES
+
+    pm = PortMap()
+    argvs, saves = [], []
+    for family in sorted(families):
+        found, why = flavour.detect(backend, family=family)
+        try:
+            if found is None:
+                raise BackendError(why)
+            argvs.append(SaveRestoreBackend(found).save_argv(family, "nat"))
+            saves.append(family)
+        except BackendError as exc:
+            pm.blind.append(f"ipv{family} iptables: {exc}")
+    nft = NftBackend()
+    tables = tuple(t for t in HOSTPORT_TABLES if (6 if t[0] == "ip6" else 4) in families)  # a family's own DNAT
+    listings = [[nft.binary, *argv] for argv in nft.listings(tables)] if nft.binary else []
+    try:
+        done = processes.run_all([*argvs, *listings], timeout=10)
+    except OSError as exc:
+        pm.blind.append(f"the tables could not be read ({exc})")
+        return pm
+    for family, argv, d in zip(saves, argvs, done):
+        if d.code == 0:
+            pm.add_iptables(parse_save(d.out))
+        elif "does not exist" not in d.err:  # no nat table: nothing maps a port there
+            pm.blind.append(f"ipv{family} iptables: {os.path.basename(argv[0])} exited {d.code}: {d.err.strip()[:200]}")
+    try:
+        pm.add_native(nft.parsed(tables, [(d.code, d.out, d.err) for d in done[len(saves):]]))
     except BackendError as exc:
         pm.blind.append(f"native tables: {exc}")
     return pm

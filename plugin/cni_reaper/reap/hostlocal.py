@@ -42,6 +42,7 @@ class NetworkDir:
         self.data_dir, self.network = data_dir, network
         self.fd = probes.open_network_dir(data_dir, network)
         self.ident: tuple[int, int] | None = None
+        self.unread: list[str] = []  # the reservations all() found but could not read (then it is not complete)
         self._lock: int | None = None
         if self.fd is not None:
             st = os.fstat(self.fd)
@@ -90,15 +91,18 @@ class NetworkDir:
                            f["mode"])
 
     def all(self) -> list[Reservation]:
-        """Every reservation (files named by an address)."""
+        """Every reservation (files named by an address); those that cannot be read are named in `unread`."""
         if self.fd is None:
             return []
         out = []
-        for name in sorted(os.listdir(self.fd)):
+        self.unread = []
+        for name in sorted(os.listdir(self.fd)):  # OSError: nothing of it is known (the clean-up fails)
             if (":" in name or name[:1].isdigit()) and _is_address(name):
                 r = self.get(name)
                 if r is not None:
                     out.append(r)
+                else:
+                    self.unread.append(name)
         return out
 
     def release(self, r: Reservation) -> bool:
@@ -132,6 +136,24 @@ def holds_any(data_dir: str) -> bool:
             continue
         if any((":" in name or name[:1].isdigit()) and _is_address(name) for name in names):
             return True
+    return False
+
+
+def reserved_elsewhere(data_dirs: list[str], cid: str, network: str) -> bool:
+    """Whether a reservation names container `cid` in another network than `network`, in any of `data_dirs`
+    (a directory that cannot be read whole may: True)."""
+    for data_dir in dict.fromkeys(data_dirs):
+        for n in networks_in(data_dir):
+            if n == network:
+                continue
+            d = NetworkDir(data_dir, n)
+            try:
+                if any(r.owner[0] == cid for r in d.all()) or d.unread:
+                    return True
+            except OSError:
+                return True
+            finally:
+                d.close()
     return False
 
 

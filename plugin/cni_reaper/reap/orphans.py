@@ -2,9 +2,13 @@
 both families and in the plugins' native nftables tables (leaks from before cni-reaper was installed, or of a
 network that does not chain it), and the targets they give:
 
-- for the CLI (`sweep --orphans`) and the periodic sweep: only those that libcni's cache proves dead
-  (evidence.judge_cached): an attachment that has no cache entry may be an ADD in flight, or another
-  runtime's, and is left, with the reason;
+- for the CLI (`sweep --orphans`) and the periodic sweep: those that libcni's cache proves dead
+  (evidence.judge_cached), and those it has no entry of that host-local proves dead: under its locks, no
+  reservation of their network names them (claims.Claims.unreserved_doubt; an ADD in flight holds one
+  before any rule of it is made), where the network's conflist says host-local keeps it;
+- for an ADD that maps host ports (`shadowing`): the attachments without a record whose DNAT maps the same
+  host ports, judged the same way (host-local's directory being the one the ADD's own address was
+  reserved in);
 - for GC: those the runtime's valid list does not name (the runtime's word), and host-local reservations
   of the network whose holder it does not name.
 """
@@ -17,24 +21,30 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.holders import HostPort, Mapping
+    from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
 
 from cni_reaper import log
 from cni_reaper.reap import cache
 from cni_reaper.reap.evidence import DEAD, UNKNOWN, judge_cached
 
+UNNAMED = ""  # the network of an attachment known only by portmap's native rules, which name none
+
 
 def tagged(backend: str) -> dict[tuple[str, str], set[str]]:
     """(network, container ID) of every attachment tagged in the nat tables of both families and in the
-    plugins' native tables, with the source addresses of its masquerade rules."""
+    plugins' native tables, with the source addresses of its masquerade rules and the addresses its native
+    hostport rules name (network UNNAMED when only those name it)."""
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.iptables.plan import tagged_networks
     from cni_reaper.reap.netfilter.nftables.backend import NftBackend
-    from cni_reaper.reap.netfilter.nftables.plan import tagged_natively
+    from cni_reaper.reap.netfilter.nftables.plan import hostport_owners, tagged_natively
     from cni_reaper.reap.netfilter.select import select
 
     found: dict[tuple[str, str], set[str]] = {}
-    for owner, addresses in tagged_natively(NftBackend().read()).items():
+    rules = NftBackend().read()
+    for owner, addresses in tagged_natively(rules).items():
         found.setdefault(owner, set()).update(addresses)
     for family in (4, 6):
         try:
@@ -45,6 +55,12 @@ def tagged(backend: str) -> dict[tuple[str, str], set[str]]:
             continue  # no ip6tables: no IPv6 rules
         for owner, addresses in tagged_networks(b.read(family)).items():
             found.setdefault(owner, set()).update(addresses)
+    networks: dict[str, list[str]] = {}
+    for network, cid in found:
+        networks.setdefault(cid, []).append(network)
+    for cid, addresses in hostport_owners(rules).items():  # portmap's native rules name no network
+        for network in networks.get(cid, [UNNAMED]):
+            found.setdefault((network, cid), set()).update(addresses)
     return found
 
 
@@ -58,36 +74,68 @@ def _tags(backend: str) -> dict[tuple[str, str], set[str]] | None:
         return None
 
 
-def proven_dead(conf: Any, recorded: set[tuple[str, str]], view: View, only_network: str | None = None) -> list[Target]:
-    """Tagged attachments with no record that libcni's cache (conf.cniCacheDir) proves dead."""
-    from cni_reaper.reap.targets import Expect, Target
-
+def proven_dead(conf: Any, recorded: set[tuple[str, str]], view: View, only_network: str | None = None,
+                reserved_in: str = "") -> list[Target]:
+    """Tagged attachments with no record that libcni's cache (conf.cniCacheDir) proves dead, or, with no cache
+    entry, that host-local may prove dead under its locks (`reserved_in`: the data dir host-local keeps
+    `only_network` in, as its conflist says; "" when not known: then they are unknown)."""
     found = _tags(conf.backend)
     if found is None:
         return []
     out = []
-    for (network, cid), addresses in sorted(found.items()):
-        if (only_network and network != only_network) or (network, cid) in recorded:
+    for (tagged_as, cid), addresses in sorted(found.items()):
+        network = named(tagged_as, cid, only_network or "", reserved_in, view)
+        if not network or (only_network and network != only_network) or (network, cid) in recorded:
             continue
-        entries = cache.entries(conf.cniCacheDir, network, cid)
-        if entries is None:
-            view.note(cache.view(conf.cniCacheDir) or f"libcni's cache in {conf.cniCacheDir} cannot be read")
-            continue
-        state, why = judge_cached(entries, view)
-        if state != DEAD:
-            if state == UNKNOWN:
-                view.note(f"tagged attachments without a record: {why}")
-            continue
-        expect = {}
-        oldest = min(e.mtime for e in entries)
-        for ip in addresses:
-            expect[ip] = Expect(conf.ipamDataDir, (cid, ""), not_after=oldest)
-        for e in entries:
-            for ip in e.ips:
-                expect[ip] = Expect(conf.ipamDataDir, (cid, e.ifname), not_after=e.mtime)
-        out.append(Target(network, cid, "", frozenset(expect), whole=True, any_source=True, expect=expect,
-                          backend=conf.backend, cache_dir=conf.cniCacheDir))
+        t = judged(conf, network, cid, addresses, view, reserved_in if network == only_network else "")
+        if t is not None:
+            out.append(t)
     return out
+
+
+def named(network: str, cid: str, own: str, reserved_in: str, view: View) -> str:
+    """The network of a tagged attachment: its tags' own; for one only portmap's native rules name, `own`
+    (the network swept, whose reservations are kept in `reserved_in`) when no reservation in another network
+    names the container (else "": not known, noted)."""
+    if network != UNNAMED:
+        return network
+    from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
+    from cni_reaper.reap.hostlocal import reserved_elsewhere
+
+    if own and reserved_in and not reserved_elsewhere([reserved_in, *DEFAULT_IPAM_DIRS], cid, own):
+        return own
+    view.note("native hostport rules whose network cannot be told (a reservation names their container elsewhere)")
+    return ""
+
+
+def judged(conf: Any, network: str, cid: str, addresses: set[str], view: View, reserved_in: str) -> Target | None:
+    """The target of one attachment known by its tags alone, when libcni's cache proves it dead, or when it has
+    no cache entry and host-local keeps its network in `reserved_in` (the clean-up then asks host-local, under
+    its locks: claims.Claims.unreserved_doubt); None otherwise, the reason noted in the view."""
+    from cni_reaper.reap.targets import Expect, Target
+
+    entries = cache.entries(conf.cniCacheDir, network, cid)
+    if entries is None:
+        view.note(cache.view(conf.cniCacheDir) or f"libcni's cache in {conf.cniCacheDir} cannot be read")
+        return None
+    if not entries and reserved_in:
+        expect = {ip: Expect(reserved_in, (cid, "")) for ip in addresses}
+        return Target(network, cid, "", frozenset(addresses), whole=True, any_source=True, expect=expect,
+                      backend=conf.backend, cache_dir=conf.cniCacheDir, reserved_in=reserved_in)
+    state, why = judge_cached(entries, view)
+    if state != DEAD:
+        if state == UNKNOWN:
+            view.note(f"tagged attachments without a record: {why}")
+        return None
+    expect = {}
+    oldest = min(e.mtime for e in entries)
+    for ip in addresses:
+        expect[ip] = Expect(conf.ipamDataDir, (cid, ""), not_after=oldest)
+    for e in entries:
+        for ip in e.ips:
+            expect[ip] = Expect(conf.ipamDataDir, (cid, e.ifname), not_after=e.mtime)
+    return Target(network, cid, "", frozenset(expect), whole=True, any_source=True, expect=expect,
+                  backend=conf.backend, cache_dir=conf.cniCacheDir)
 
 
 def not_valid(conf: Any, recorded: set[tuple[str, str]], valid: Callable[[str], bool]) -> list[Target]:
@@ -120,3 +168,67 @@ def unheld_reservations(conf: Any, still_used: Callable[[str, str], bool]) -> li
                    expect={r.ip: Expect(conf.ipamDataDir, r.owner, r.ident)}, backend=conf.backend,
                    cache_dir=conf.cniCacheDir, by_runtime=True)
             for r in held if not still_used(*r.owner)]
+
+
+class Shadows:
+    """What else maps the host ports an ADD was just given: `clashes` (holders.Mapping: another container's
+    DNAT of the same port and protocol), and `targets`, those of them with no record that libcni's cache or
+    host-local may prove dead (an owner with a record is the sweep's, judged by its record)."""
+
+    __slots__ = ("clashes", "targets")
+
+    def __init__(self) -> None:
+        self.clashes: list[Mapping] = []
+        self.targets: list[Target] = []
+
+
+def shadowing(conf: Any, cid: str, ports: set[HostPort], families: set[int], recorded: Callable[[], set[tuple[str, str]]],
+              reserved_in: str, view: View) -> Shadows:
+    """The DNAT of other containers that maps one of `ports` (the ADD's, of container `cid`): one read of the
+    hostport chains of its backend's `families` and of the native hostport tables. The conflict is a reason to
+    look, never proof: each owner is judged as any attachment is (its record, libcni's cache, host-local,
+    whose directory `reserved_in` is where the ADD's own address was reserved: "" none)."""
+    from cni_reaper.reap.holders import mapped_now
+
+    out = Shadows()
+    if not ports:
+        return out
+    pm = mapped_now(conf.backend, families)
+    for why in pm.blind:
+        log.warn("who else maps this allocation's host ports cannot be read", error=why)
+    out.clashes = [m for p in sorted(ports, key=str) for m in pm.others(p, cid)]
+    if not out.clashes:
+        return out
+    tags = _tags(conf.backend) or {}
+    networks = {c: n for (n, c) in tags}
+    known = recorded()
+    for other in sorted({m.container_id for m in out.clashes if m.container_id}):
+        tagged_as = next((m.network for m in out.clashes if m.container_id == other and m.network),
+                         networks.get(other, UNNAMED))
+        network = named(tagged_as, other, conf.name, reserved_in, view)
+        if not network or (network, other) in known:
+            continue  # not known (left, warned); a record's owner is judged by its record
+        addresses = tags.get((tagged_as, other), set())
+        t = judged(conf, network, other, addresses, view, reserved_in if network == conf.name else "")
+        if t is not None:
+            out.targets.append(t)
+    return out
+
+
+def report(shadows: Shadows, outcome: Outcome | None, cid: str) -> None:
+    """Say, per clash, whether the other owner's DNAT went (the port is this allocation's now) or stays (its
+    owner is live or not known dead: connections to the port may reach it)."""
+    gone = {(k[0], k[1]) for k in outcome.removed} if outcome is not None else set()
+    would = {(k[0], k[1]) for k in outcome.would} if outcome is not None else set()
+    for m in shadows.clashes:
+        if any(k[1] == m.container_id and (not m.network or k[0] == m.network) for k in gone):
+            log.info("host port freed: the DNAT of a dead allocation shadowed it", port=str(m.port),
+                     freedFrom=m.container_id, forContainer=cid)
+        elif any(k[1] == m.container_id and (not m.network or k[0] == m.network) for k in would):
+            log.warn("host port shadowed by the DNAT of a dead allocation, left in place: its network is in observe "
+                     "mode", port=str(m.port), mappedBy=m.container_id, network=m.network, forContainer=cid)
+        else:
+            log.warn("host port also mapped by another allocation, live or not known dead: its DNAT stays and may "
+                     "take this allocation's connections", port=str(m.port), mappedBy=m.container_id or "(untagged)",
+                     network=m.network, forContainer=cid,
+                     fix="stop the other allocation, or run `cni-reaper sweep --orphans` to see what is known of it")

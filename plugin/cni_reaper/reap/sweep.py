@@ -303,6 +303,11 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         outcome.errors += seen.errors
         if store is not None and not dry_run:
             report_observed(store, seen, reasons(sel))
+        outcome.waiting.update(seen.waiting)
+    for t in sel.extra:  # known by tags alone, and host-local did not prove them dead: not known
+        why = outcome.waiting.get(t.key) if t.reserved_in else None
+        if why is not None:
+            sel.view.note(f"tagged attachments without a record or a libcni cache entry: {why}")
     outcome.unknown = dict(sel.view.blind)
     if journal is not None and store is not None:
         settle(store, sel, targets, outcome, time.monotonic() - started, watching, journal)

@@ -35,13 +35,13 @@ class Target(Value):
     """Dead lives of one attachment whose leftovers are to go, and the settings they are cleaned with."""
 
     __slots__ = ("any_source", "backend", "by_runtime", "cache_dir", "container_id", "dead_ips", "expect", "forming",
-                 "ifname", "keep_masq_chain", "network", "parts", "whole")
+                 "ifname", "keep_masq_chain", "network", "parts", "reserved_in", "whole")
     _uncompared = ("expect",)
 
     def __init__(self, network: str, container_id: str, ifname: str, dead_ips: frozenset[str], whole: bool,
                  keep_masq_chain: bool = False, parts: frozenset[str] = PARTS, any_source: bool = False,
                  expect: dict[str, Expect] | None = None, backend: str = "auto", cache_dir: str = "",
-                 forming: bool = False, by_runtime: bool = False) -> None:
+                 forming: bool = False, by_runtime: bool = False, reserved_in: str = "") -> None:
         self.network, self.container_id = network, container_id
         self.ifname = ifname  # "" for an attachment known only by its tags: its reservations match any ifname
         self.dead_ips = dead_ips  # plain addresses, both families
@@ -54,6 +54,10 @@ class Target(Value):
         self.cache_dir = cache_dir  # libcni's cache the attachment's runtime uses ("" unknown)
         self.forming = forming  # its path holds a newer namespace and no reservation can tell: a new life may be forming
         self.by_runtime = by_runtime  # the runtime said the attachment is over (its own DEL, GC's valid list)
+        # known by its tags alone, on host-local's word: dead only when, under host-local's locks, no reservation
+        # of its network names its container, in this data dir (where host-local keeps the network) or any other
+        # (claims.Claims.unreserved_doubt); "" for any other target
+        self.reserved_in = reserved_in
 
     @property
     def key(self) -> tuple[str, str, str]:

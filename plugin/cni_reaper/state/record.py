@@ -264,6 +264,22 @@ def left_mark(record: Record) -> bool | float:
     return parse_time(mark["retryAt"]) if "retryAt" in mark else True
 
 
+def reservation_dir(life: Life) -> str:
+    """The data dir host-local reserved a life's first reserved address in ("" none: another IPAM)."""
+    for ip in life["ips"]:
+        if ip.get("reservation"):
+            return str(ip["reservation"]["dataDir"])
+    return ""
+
+
+def network_dir(records: list[Record], network: str) -> str:
+    """Where host-local keeps `network`, as the newest life of its records that had an address reserved saw it
+    ("" when none did)."""
+    lives = sorted((life for r in records if r["network"] == network for life in (r["current"], *r["earlier"])),
+                   key=lambda life: str(life.get("createdAt", "")), reverse=True)
+    return next((d for d in map(reservation_dir, lives) if d), "")
+
+
 def key(record: Record) -> tuple[str, str, str]:
     return (record["network"], record["containerID"], record["ifname"])
 

@@ -97,8 +97,9 @@ class Context:
     """One network as the CLI works on it: its configuration (conflist keys, then flags) and where it came
     from. `network` None: no conflist was found, so every network of the state directory, with the defaults."""
 
-    def __init__(self, conf, network: str | None, source: str | None) -> None:
+    def __init__(self, conf, network: str | None, source: str | None, reservations_in: str = "") -> None:
         self.conf, self.network, self.source = conf, network, source
+        self.reservations_in = reservations_in  # where its conflist says host-local keeps it ("" not known)
 
 
 def _overrides(args) -> dict:
@@ -138,7 +139,7 @@ def _settings(args):
     return s
 
 
-def _context(raw: dict, name: str | None, source: str | None) -> tuple[Context | None, bool]:
+def _context(raw: dict, name: str | None, source: str | None, reservations_in: str = "") -> tuple[Context | None, bool]:
     from cni_reaper.cni.conf import parse
 
     try:
@@ -148,7 +149,7 @@ def _context(raw: dict, name: str | None, source: str | None) -> tuple[Context |
         return None, True
     for warning in conf.warnings:
         print(f"{PLUGIN_NAME}: {source or 'flags'}: {warning}", file=sys.stderr)
-    return Context(conf, name, source), False
+    return Context(conf, name, source, reservations_in), False
 
 
 def _contexts(args, found=None) -> tuple[list[Context], bool]:
@@ -161,12 +162,12 @@ def _contexts(args, found=None) -> tuple[list[Context], bool]:
     settings = _settings(args)
     contexts, skipped = [], False
     networks = [n for n in found.networks if n.shadowed_by is None and (not args.network or n.name == args.network)]
-    runs = [({**n.raw_conf(), **overrides}, n.name, n.path) for n in networks]
+    runs = [({**n.raw_conf(), **overrides}, n.name, n.path, n.reservations_in()) for n in networks]
     named = {n.name for n in networks}
-    runs += [({"name": n, **settings.for_network(n), **overrides}, n, settings.path) for n in sorted(settings.networks)
+    runs += [({"name": n, **settings.for_network(n), **overrides}, n, settings.path, "") for n in sorted(settings.networks)
              if n not in named and (not args.network or n == args.network)]
-    for raw, name, source in runs:
-        c, bad = _context(raw, name, source)
+    for raw, name, source, reserved in runs:
+        c, bad = _context(raw, name, source, reserved)
         skipped |= bad
         if c is not None:
             contexts.append(c)
@@ -279,9 +280,11 @@ def backends_line(backend: str) -> str:
 def _sweep_group(args, group: list[Context], total, view) -> None:
     """Sweep the networks of one state directory under its lock: each record with its own settings (a record
     of cni-reaper 0.2 with its network's conflist, or the first one's when no conflist names its network any
-    more); tagged attachments without a record only where libcni's cache proves them dead."""
+    more); tagged attachments without a record where libcni's cache proves them dead, or host-local (where the
+    network's records, or else its conflist, say host-local keeps it: orphans.proven_dead)."""
     from cni_reaper.reap import orphans
     from cni_reaper.reap.sweep import select, sweep
+    from cni_reaper.state.record import network_dir
     from cni_reaper.state.store import Store
 
     first = group[0]
@@ -299,9 +302,13 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
             confs = {n: conf for conf, n in runs if n}
             recorded = {(r["network"], r["containerID"]) for r in records}
             modes = _modes(store, group, records, _settings(args))
+            conflist_dirs = {c.network: c.reservations_in for c in group if c.network}
             for conf, network in runs:
                 sel = select(records, view, confs, conf, only_network=network)
-                if args.orphans:
+                if args.orphans and network:
+                    reserved = network_dir(records, network) or conflist_dirs.get(network, "")
+                    sel.extra = orphans.proven_dead(conf, recorded, view, network, reserved)
+                elif args.orphans:
                     sel.extra = orphans.proven_dead(conf, recorded, view, network)
                 total.merge(sweep(store, conf, sel, dry_run=not args.apply, modes=modes))
     finally:

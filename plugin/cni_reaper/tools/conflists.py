@@ -40,6 +40,32 @@ class Network:
     def types(self) -> list[str]:
         return [plugin_type(p) for p in self.plugins]
 
+    def ipams(self) -> list[dict]:
+        """The IPAM section of every entry that has one."""
+        from cni_reaper.gojson import pick
+
+        found = [pick(p, ("ipam",)).get("ipam") if isinstance(p, dict) else None for p in self.plugins]
+        return [i for i in found if isinstance(i, dict)]
+
+    def host_local_dirs(self) -> list[str]:
+        """The dataDir of every host-local IPAM in the chain (its default when unset)."""
+        from cni_reaper.cni.conf import DEFAULT_IPAM_DATA_DIR
+        from cni_reaper.gojson import pick
+
+        out = []
+        for ipam in self.ipams():
+            v = pick(ipam, ("type", "dataDir"))
+            if v.get("type") == "host-local":
+                d = v.get("dataDir")
+                out.append(d if isinstance(d, str) and d else DEFAULT_IPAM_DATA_DIR)
+        return out
+
+    def reservations_in(self) -> str:
+        """Where host-local keeps every address of this network, when host-local is the chain's only IPAM
+        ("" otherwise: another IPAM keeps no reservations to show who holds what)."""
+        dirs = self.host_local_dirs()
+        return dirs[0] if dirs and len(dirs) == len(self.ipams()) else ""
+
     def raw_conf(self) -> dict:
         """cni-reaper's entry as libcni hands it over: with the list's name and cniVersion."""
         return {**self.entry, "name": self.name, "cniVersion": self.cni_version}

@@ -19,7 +19,6 @@ from cni_reaper.reap.netfilter import flavour
 from cni_reaper.tools.conflists import Network, Scan
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
-DEFAULT_HOST_LOCAL_DIR = "/var/lib/cni/networks"
 VERSION_TIMEOUT = 5.0
 
 
@@ -69,21 +68,8 @@ def check_capability(n: Network) -> Finding:
                    f"add \"capabilities\": {{\"portMappings\": true}} to the cni-reaper entry in {n.path}", n.path)
 
 
-def host_local_dirs(n: Network) -> list[str]:
-    """The dataDir of every host-local IPAM in the chain (its default when unset)."""
-    out = []
-    for p in n.plugins:
-        ipam = pick(p, ("ipam",)).get("ipam") if isinstance(p, dict) else None
-        if isinstance(ipam, dict):
-            v = pick(ipam, ("type", "dataDir"))
-            if v.get("type") == "host-local":
-                d = v.get("dataDir")
-                out.append(d if isinstance(d, str) and d else DEFAULT_HOST_LOCAL_DIR)
-    return out
-
-
 def check_ipam_dir(n: Network, conf) -> Finding:
-    dirs = host_local_dirs(n)
+    dirs = n.host_local_dirs()
     if not dirs:
         return Finding(OK, "ipam-data-dir", n.name, "no host-local IPAM in the chain: ipamDataDir is not used",
                        source=n.path)

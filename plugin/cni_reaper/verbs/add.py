@@ -11,9 +11,9 @@ if TYPE_CHECKING:
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup
-from cni_reaper.state.record import merge
+from cni_reaper.state.record import merge, reservation_dir
 from cni_reaper.state.store import Store
-from cni_reaper.verbs.recording import current_life, settings
+from cni_reaper.verbs.recording import current_life, host_ports, settings
 
 
 def run(inv: Invocation) -> dict[str, Any]:
@@ -40,13 +40,37 @@ def run(inv: Invocation) -> dict[str, Any]:
             if kept:
                 log.info("re-added: earlier life kept for clean-up", earlier=len(record["earlier"]))
             # the new life is recorded (so its addresses are protected); now clear what dead ones left,
-            # including DNAT jumps that would shadow this attachment's host ports
-            from cni_reaper.reap.sweep import sweep_quietly
-
-            sweep_quietly(store, conf)
+            # including the DNAT of dead allocations that would shadow this attachment's host ports
+            _sweep(inv, store, current)
     finally:
         store.close()
     result = dict(conf.prevResult)
     if not lookup(result, "cniVersion")[0]:
         result["cniVersion"] = inv.version
     return result
+
+
+def _sweep(inv: Invocation, store: Store, current: dict[str, Any]) -> None:
+    """The sweep of an ADD, and for one that maps host ports a look at who else maps them (reap/orphans.py:
+    the DNAT of a dead allocation with no record is removed with the rest of what it left; the log says which
+    port was freed from whom, or warns when its owner is live or not known dead). Never fails the ADD."""
+    from cni_reaper.reap.sweep import sweep_quietly
+
+    ports = host_ports(inv.conf)
+    if not ports:
+        sweep_quietly(store, inv.conf)
+        return
+    from cni_reaper.reap import orphans
+    from cni_reaper.reap.evidence import View
+
+    view = View()
+    try:
+        families = {ip["family"] for ip in current["ips"]} or {4}
+        shadows = orphans.shadowing(inv.conf, inv.container_id, ports, families,
+                                    lambda: {e.key[:2] for e in store.entries().values()},
+                                    reservation_dir(current), view)
+    except Exception as exc:  # noqa: BLE001 - a look at other allocations never fails this one
+        log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
+        shadows = orphans.Shadows()
+    outcome = sweep_quietly(store, inv.conf, extra=shadows.targets, view=view)
+    orphans.report(shadows, outcome, inv.container_id)

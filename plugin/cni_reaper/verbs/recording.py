@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.cni.shell import Invocation
+    from cni_reaper.reap.holders import HostPort
 
 from cni_reaper import log
 from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
@@ -34,6 +35,13 @@ def current_life(inv: Invocation) -> dict[str, Any]:
     for w in warnings:
         log.warn("recorded in part", problem=w)
     return life
+
+
+def host_ports(conf: Any) -> set[HostPort]:
+    """The host ports the runtime gave this attachment (its portMappings)."""
+    from cni_reaper.reap.holders import HostPort
+
+    return {HostPort(p.protocol, p.hostPort, p.hostIP) for p in conf.portMappings}
 
 
 def settings(conf: Any) -> dict[str, str]:

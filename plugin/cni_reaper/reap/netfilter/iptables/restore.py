@@ -45,6 +45,10 @@ class SaveRestoreBackend:
             raise BackendError(message)
         return proc.out
 
+    def save_argv(self, family: int, table: str) -> list[str]:
+        """The command that saves one table of one family (BackendError: no such tool here)."""
+        return [self._tool(family, "save"), "-t", table]
+
     def read(self, family: int) -> dict[str, Table]:
         # one process for all tables: cheaper than one per table. A save equal to the last one (but for its
         # comments: the time) is not parsed again (python-iptables reads again under the lock before it commits)

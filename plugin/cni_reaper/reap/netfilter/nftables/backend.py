@@ -40,16 +40,26 @@ class NftBackend:
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise BackendError(f"nft -j list tables: unreadable output ({exc})") from None
 
-    def read(self) -> list[NativeRule]:
+    def read(self, tables: tuple[tuple[str, str], ...] = TABLES) -> list[NativeRule]:
+        """The rules of the plugins' native `tables` (all of them by default)."""
         if not self.binary:
             return []
+        # each table listed at once, all at the same time: `nft list tables` fetches every rule of the host to
+        # say which there are (as long as listing them, 50 ms with 1,000 attachments)
+        return self.parsed(tables, self._run_all(self.listings(tables)))
+
+    @staticmethod
+    def listings(tables: tuple[tuple[str, str], ...]) -> list[list[str]]:
+        """The arguments of nft that list `tables` (one command each; run them at once, with others)."""
+        return [["-j", "list", "table", family, name] for family, name in tables]
+
+    def parsed(self, tables: tuple[tuple[str, str], ...], listed: list[tuple[int, str, str]]) -> list[NativeRule]:
+        """The rules of `tables` from their listings' (exit status, output, error output). `nft list tables`
+        is asked only when a listing failed otherwise than as a missing table does (ENOENT; absent, nothing
+        of it is removed)."""
         rules: list[NativeRule] = []
         present: set[tuple[str, str]] | None = None
-        # each table listed at once, all at the same time: `nft list tables` fetches every rule of the host to
-        # say which there are (as long as listing them, 50 ms with 1,000 attachments); asked only when a
-        # listing failed otherwise than as a missing table does (ENOENT; absent, nothing of it is removed)
-        listed = self._run_all([["-j", "list", "table", family, name] for family, name in TABLES])
-        for (family, name), (code, out, err) in zip(TABLES, listed):
+        for (family, name), (code, out, err) in zip(tables, listed):
             if code != 0:
                 if "No such file or directory" in err:
                     continue

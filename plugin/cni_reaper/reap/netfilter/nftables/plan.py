@@ -95,3 +95,16 @@ def tagged_natively(rules: list[NativeRule]) -> dict[tuple[str, str], set[str]]:
                 if r.saddr:
                     ips.add(r.saddr)
     return out
+
+
+def hostport_owners(rules: list[NativeRule]) -> dict[str, set[str]]:
+    """Container ID -> the addresses of portmap's native rules that name it (DNAT targets, hostport
+    masquerade destinations). They name no network: the caller finds it (orphans.tagged)."""
+    out: dict[str, set[str]] = {}
+    for r in rules:
+        if (r.family, r.table) in native.HOSTPORT_TABLES and r.comment:
+            if r.chain in native.DNAT_CHAINS and r.action == "dnat" and r.dnat_addr:
+                out.setdefault(r.comment, set()).add(r.dnat_addr)
+            elif r.chain == native.HOSTPORT_MASQ_CHAIN and r.action == "masquerade" and r.daddr:
+                out.setdefault(r.comment, set()).add(r.daddr)
+    return out
