@@ -57,6 +57,12 @@ def operator(sb, conflist, *args: str):
     return sb.run([str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(conf_dir)])
 
 
+def finding(proc, check: str) -> dict:
+    found = [f for f in json.loads(proc.stdout)["findings"] if f["check"] == check]
+    assert len(found) == 1, proc.stdout + proc.stderr
+    return found[0]
+
+
 def leak(sb, plain, network, ports_a=("8080:80/tcp", "8080:80/udp"), ports_b=("8081:80/tcp",)):
     """#11901 (A: deleted without its port mappings) and #6385 (B: deleted after its netns was removed),
     through the reference chain alone. Returns {cid: ips}."""
@@ -89,7 +95,11 @@ def test_a_client_that_leaked_before_installation_is_reconciled(sb, variant):
     live_rules = sb.residue(network, live_before, live_ips)
     live_reserved = {ip: owner for ip, owner in sb.reservations(network).items() if owner == live_before}
 
-    # cni-reaper appended to the conflist: the first ADD that maps the leaked host port frees it
+    # cni-reaper appended to the conflist: doctor tells of the leaks, and the first ADD that maps the leaked host
+    # port frees it
+    leaks = finding(operator(sb, reaper, "doctor", "--json"), "leaks")
+    assert leaks["status"] == "WARN" and leaks["message"].startswith("2 dead attachment(s)"), leaks
+    assert "sweep --orphans --apply" in leaks["fix"]
     new = unique("new-")
     netns_new = sb.container()
     proc = sb.driver("add", new, netns_new, ("8080:80/tcp", "8080:80/udp"), reaper)
@@ -161,6 +171,8 @@ def test_a_dnat_restored_after_its_del_is_freed_at_the_next_add_but_a_re_add_in_
     assert forming_rules
     other = unique("other-")
     ips_of(sb.driver("add", other, sb.container(), ("8081:80/tcp",), reaper))
+    leaks = finding(operator(sb, reaper, "doctor", "--json"), "leaks")
+    assert f"8081/tcp by {again}, {other}" in leaks["message"], leaks
     orphans = operator(sb, reaper, "sweep", "--orphans", "--apply")
     assert "a host-local reservation names it" in orphans.stderr, orphans.stdout + orphans.stderr
     assert orphans.returncode == 6

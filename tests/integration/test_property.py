@@ -2,8 +2,11 @@
 things beside it do, several at a time, through go-cni 1.1.13 (STATUS before every call, as Nomad 1.9.5+)
 with the reference plugins 1.9 and cni-reaper chained last, in a small address range so that addresses are
 reused. Steps: ADD of a new allocation, DEL, an allocation that dies without DEL, the late DEL of a dead one,
-CHECK, the recreate after a failed CHECK (netns destroyed and made again at the same path, ADD, no DEL),
-STATUS, `sweep --apply`, `sweep --apply --orphans`, GC (libcni 1.3's, with the live allocations as the valid
+allocations made through the reference chain alone as before cni-reaper was installed (live ones, and the
+classic leaks whose DEL succeeded: one deleted without its port mappings, one deleted after its netns was
+removed; no record, no libcni cache entry), CHECK, the recreate after a failed CHECK (netns destroyed and made again at the same path, ADD, no DEL),
+STATUS, `sweep --apply`, `sweep --apply --orphans` (with the network's conflist: host-local's word on the
+leaks), GC (libcni 1.3's, with the live allocations as the valid
 list), a reboot (every netns gone, host-local's directory emptied as a tmpfs is, the rules restored, a new
 boot id) and allocations restored at their old paths.
 
@@ -49,8 +52,8 @@ class Alloc:
 
 
 class Walk:
-    def __init__(self, sb: Sandbox, rng: random.Random, conflist) -> None:
-        self.sb, self.rng, self.conflist = sb, rng, conflist
+    def __init__(self, sb: Sandbox, rng: random.Random, conflist, plain) -> None:
+        self.sb, self.rng, self.conflist, self.plain = sb, rng, conflist, plain
         self.live: dict[str, Alloc] = {}
         self.dead: dict[str, Alloc] = {}  # died without DEL (or with the host): may get a late DEL, or be restored
         self.gone: dict[str, Alloc] = {}  # DEL'd: nothing of it may stay
@@ -58,6 +61,7 @@ class Walk:
         self.failures: list[str] = []
         self.errors: list[str] = []  # what failed in the last step, allowed or not
         self.lock = threading.Lock()
+        self.conf_dir = sb.root / "net.d"  # the network's conflist, as on the client: the CLI reads it
 
     # -- what the plugins made, and what is there now ---------------------------------------------------
     def lines(self, a: Alloc, tables: str | None = None) -> tuple[list[str], dict[str, str]]:
@@ -80,9 +84,9 @@ class Walk:
         held = set(self.sb.reservations(NET))
         return len([ip for ip in RANGE if ip not in held])
 
-    def _add(self, a: Alloc, expect: bool | None, what: str) -> bool:
+    def _add(self, a: Alloc, expect: bool | None, what: str, conflist=None) -> bool:
         """ADD; `expect` True: it must succeed, None: the batch counts how many succeed."""
-        proc = self.sb.driver("add", a.cid, a.netns, a.ports, self.conflist)
+        proc = self.sb.driver("add", a.cid, a.netns, a.ports, conflist or self.conflist)
         if proc.returncode != 0:
             if expect:
                 self.fail(f"{what} of {a.cid} failed though the plugins alone accept it: {proc.stderr[-400:]}")
@@ -97,6 +101,32 @@ class Walk:
 
     def add(self, done: list[bool]) -> None:
         done.append(self._add(Alloc(unique("alloc-"), self.sb.container(), next(self.ports)), None, "ADD"))
+
+    def add_plain(self, done: list[bool]) -> None:
+        """An allocation made before cni-reaper was installed: live, no record."""
+        done.append(self._add(Alloc(unique("plain-"), self.sb.container(), next(self.ports)), None, "ADD (plain)",
+                              self.plain))
+
+    def leak_plain(self) -> None:
+        """An allocation made and deleted before cni-reaper was installed, leaking the classic way (its DEL
+        succeeded, so libcni keeps no entry): without its port mappings (#11901), or after its netns was
+        removed (#6385)."""
+        a = Alloc(unique("leak-"), self.sb.container(), next(self.ports))
+        proc = self.sb.driver("add", a.cid, a.netns, a.ports, self.plain)
+        if proc.returncode != 0:
+            self.sb.remove_container(a.netns)  # no address free: nothing was made (the reference plugins' word)
+            return
+        a.ips = [ip["address"].split("/")[0] for ip in json.loads(proc.stdout)[-1]["ips"]]
+        without_ports = self.rng.random() < 0.5
+        if not without_ports:
+            self.sb.remove_container(a.netns)
+        proc = self.sb.driver("del", a.cid, a.netns, () if without_ports else a.ports, self.plain)
+        if proc.returncode != 0:
+            self.fail(f"the plain DEL of {a.cid} failed: {proc.stderr[-400:]}")
+        if without_ports:
+            self.sb.remove_container(a.netns)
+        with self.lock:
+            self.gone[a.cid] = a
 
     def delete(self, a: Alloc) -> None:
         proc = self.sb.driver("del", a.cid, a.netns, a.ports, self.conflist)
@@ -148,7 +178,7 @@ class Walk:
             self.fail(f"STATUS failed: {out} {err[-300:]}")
 
     def cli(self, *args: str) -> None:
-        proc = self.sb.run([str(self.sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(self.sb.root / "none")])
+        proc = self.sb.run([str(self.sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(self.conf_dir)])
         if proc.returncode not in (0, 6):
             self.fail(f"cni-reaper {' '.join(args)} exited {proc.returncode}: {proc.stdout[-300:]} {proc.stderr[-300:]}")
 
@@ -170,8 +200,9 @@ class Walk:
             self.failures.append(why)
 
     # -- one step: up to three of these at once -------------------------------------------------------------
-    KINDS: ClassVar = ("add", "del", "kill", "late", "check", "recreate", "restore", "status", "sweep", "orphans")
-    WEIGHTS: ClassVar = (20, 8, 8, 5, 5, 5, 6, 6, 3, 3)
+    KINDS: ClassVar = ("add", "del", "kill", "late", "check", "recreate", "restore", "status", "sweep", "orphans",
+                       "plain", "leak")
+    WEIGHTS: ClassVar = (20, 8, 8, 5, 5, 5, 6, 6, 3, 5, 3, 4)
 
     def step(self) -> list[str]:
         alone = self.rng.random()
@@ -271,11 +302,22 @@ class Batch:
             self.jobs.append(("sweep --apply", lambda: w.cli("sweep", "--apply")))
         elif kind == "orphans":
             self.jobs.append(("sweep --apply --orphans", lambda: w.cli("sweep", "--apply", "--orphans")))
+        elif kind == "plain" and len(w.live) + len(self.busy) < len(RANGE) - 1:
+            self.jobs.append(("ADD (plain)", lambda: w.add_plain(self.done)))
+            self.adds += 1
+        elif kind == "leak" and len(w.live) + len(self.busy) < len(RANGE) - 1:
+            self.free -= 1  # it holds an address while it is made: the step's ADDs may not have it
+            self.jobs.append(("a leak from before installation", w.leak_plain))
 
     def _on_live(self, kind: str) -> None:
         a = self.pick(self.w.live)
         if a is None:
             return
+        if kind == "recreate" and a.cid.startswith("plain-"):
+            # not for one made before installation: nothing recorded its namespace, so its old life cannot be
+            # told from the new one at the same path (libcni's cache names only the path); host-local refuses
+            # the new ADD (its old reservation stands), with or without cni-reaper
+            kind = "check"
         if kind == "recreate":  # decided once the step's ADDs are known
             self.jobs.append((f"recreate {a.cid}", lambda a=a: self.w.recreate(a, self.free > self.adds)))
             return
@@ -286,6 +328,8 @@ class Batch:
         a = self.pick(self.w.dead)
         if a is None:
             return
+        if a.cid.startswith("plain-"):  # made before installation: its old reservation stands until its DEL or an
+            kind = "late"  # orphan sweep, so host-local refuses it at its old path (with or without cni-reaper)
         if kind == "late":
             self.jobs.append((f"late DEL {a.cid}", lambda: self.w.late_del(a)))
         else:
@@ -306,7 +350,12 @@ def _walk(sb: Sandbox, flavour: str, seed: int) -> str | None:
         if p["type"] == "bridge":
             p["ipam"]["ranges"] = [[{"subnet": "172.26.64.0/20", "rangeStart": RANGE[0], "rangeEnd": RANGE[-1]}]]
     conflist.write_text(json.dumps(data))
-    walk = Walk(sb, rng, conflist)
+    data["plugins"] = [p for p in data["plugins"] if p["type"] != "cni-reaper"]
+    plain = sb.root / "plain.conflist"
+    plain.write_text(json.dumps(data))
+    walk = Walk(sb, rng, conflist, plain)
+    walk.conf_dir.mkdir()
+    (walk.conf_dir / "10-nomad.conflist").write_text(conflist.read_text())
     history: list[str] = []
     replay = (f"replay: CNI_REAPER_PROPERTY_SEED={seed} CNI_REAPER_PROPERTY_STEPS={STEPS} "
               f"CNI_REAPER_PROPERTY_FLAVOURS={flavour}")

@@ -220,6 +220,14 @@ class PortMap:
                 return f"host port {p.port}/{p.proto or m.port.proto or 'any'} is mapped by another allocation now"
         return None
 
+    def doubled(self) -> dict[str, set[str]]:
+        """The host ports (port/protocol) that more than one container maps now, and those containers ("" for
+        a rule no tag names)."""
+        owners: dict[str, set[str]] = {}
+        for m in self.mapped:
+            owners.setdefault(f"{m.port.port}/{m.port.proto or 'any'}", set()).add(m.container_id)
+        return {port: who for port, who in owners.items() if len(who) > 1}
+
     def others(self, port: HostPort, cid: str) -> list[Mapping]:
         """The mappings of `port` (same port and protocol, any host IP) by another container than `cid`."""
         return [m for m in self.mapped if port.clashes(m.port) and m.container_id != cid]

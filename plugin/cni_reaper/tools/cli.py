@@ -474,6 +474,7 @@ def cmd_doctor(args) -> int:
                          doctor.check_log_file(c.network, c.conf.logFile)]
         findings.append(doctor.check_mode(c.network or "(defaults)", c.conf.mode, c.source))
     findings += _doctor_records(contexts)
+    findings += _doctor_leaks(args, contexts)
     findings += doctor.check_iptables(contexts[0].conf.backend)
     findings.append(doctor.check_nftables())
     failed = any(f.status == doctor.FAIL for f in findings) or skipped
@@ -574,6 +575,39 @@ def _print_undo(args, restored: list, refused: list, lost: list, skipped: bool) 
     if refused or skipped:
         return EXIT_LEFT
     return EXIT_OK
+
+
+def _doctor_leaks(args, contexts: list[Context]) -> list:
+    """What the client leaks now, as `sweep --orphans` (a dry run, the same judgement) finds it, and the host
+    ports more than one container maps (a dead allocation's DNAT shadowing a live one's, or a conflict)."""
+    from argparse import Namespace
+
+    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.holders import port_map
+    from cni_reaper.reap.outcome import Outcome
+    from cni_reaper.tools import doctor
+
+    total, view = Outcome(), View(at_once=True)
+    dry = Namespace(**{**vars(args), "orphans": True, "apply": False})
+    try:
+        for group in _by_state_dir(contexts).values():
+            _sweep_group(dry, group, total, view)
+        doubled = port_map().doubled()
+    except Exception as exc:  # noqa: BLE001 - doctor reports, it does not fail on what it cannot look at
+        return [doctor.Finding(doctor.WARN, "leaks", "", f"what this client leaks could not be looked at ({exc})")]
+    found = {**total.removed, **total.would}
+    items = sum(len(v) for v in found.values())
+    reserved = sum(1 for v in found.values() for item in v if item.startswith("host-local reservation"))
+    unknown = sum(view.blind.values())
+    said = (f"; {unknown} attachment(s) could not be judged (`cni-reaper sweep --orphans` says why)" if unknown else "")
+    ports = "; ".join(f"{port} by {', '.join(sorted(owners))}" for port, owners in sorted(doubled.items()))
+    if not found and not doubled:
+        return [doctor.Finding(doctor.OK, "leaks", "", "no dead attachment's rules or reservations are left, and no "
+                               f"host port is mapped twice{said}")]
+    msg = (f"{len(found)} dead attachment(s) left {items} item(s), {reserved} of them reservation(s)"
+           + (f"; host ports mapped by more than one container: {ports}" if doubled else "") + said)
+    return [doctor.Finding(doctor.WARN, "leaks", "", msg, "`cni-reaper sweep --orphans` lists them with the evidence; "
+                           "`cni-reaper sweep --orphans --apply` removes what is proven dead")]
 
 
 def _doctor_records(contexts: list[Context]) -> list:
