@@ -155,7 +155,7 @@ if [ "$conflist" != none ]; then
     esac
     [ "$cni_version" = 1.1.0 ] && conflist="$here/conflist/1.1.0/$name"
     say "conflist $name in its CNI $cni_version form: $why"
-    [ "$cni_version" = 1.1.0 ] || say "  (Nomad 1.9.5+ sends STATUS only to conflists at 1.1.0; see README, Compatibility)"
+    [ "$cni_version" = 1.1.0 ] || say "  (Nomad 1.9.5+ sends STATUS only to conflists at 1.1.0; see docs/compatibility.md)"
   fi
 fi
 

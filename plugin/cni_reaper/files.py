@@ -3,7 +3,7 @@
 `open_regular`: the one way to open a file cni-reaper writes (the log, a record, the journal, the lock, the
 metrics textfile, a put-back reservation): never blocking, never through a symlink, and only a regular file.
 A FIFO nobody reads, a device, a socket or a directory at the path is refused at once (OSError), so that no
-verb ever waits on a file (README, "Never block an allocation").
+verb ever waits on a file (docs/how-it-works.md, "Never block an allocation").
 
 `flock_within`: one bounded wait for an exclusive flock, shared by the state lock, host-local's lock and the
 xtables lock."""

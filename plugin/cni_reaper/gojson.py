@@ -1,7 +1,7 @@
 """Go's encoding/json rules, for the documents cni-reaper reads.
 
 The reference plugins decode their input into Go structs, and cni-reaper must accept whatever they accept
-(README, "Never block an allocation"). encoding/json, decoding an object into a struct:
+(docs/how-it-works.md, "Never block an allocation"). encoding/json, decoding an object into a struct:
 
 - matches each key to a field by its exact name, else case-insensitively (Unicode simple folding: for the
   ASCII field names here that is ASCII case, plus U+017F LATIN SMALL LETTER LONG S for `s` and U+212A

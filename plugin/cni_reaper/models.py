@@ -447,7 +447,7 @@ class LifeV1(BaseModel):
 
 
 class Life(LifeV1):
-    """One life of an attachment, with what proves it alive or dead (README, "Evidence")."""
+    """One life of an attachment, with what proves it alive or dead (docs/how-it-works.md, "Evidence")."""
 
     netnsId: Optional[NetnsId]
     netnsDir: Optional[DirId]

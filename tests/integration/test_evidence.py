@@ -1,4 +1,4 @@
-"""Death is a finding, not an absence (README, "Evidence"): through go-cni with the reference plugins 1.1.1 and
+"""Death is a finding, not an absence (docs/how-it-works.md, "Evidence"): through go-cni with the reference plugins 1.1.1 and
 1.9, on both iptables flavours, a view of the host that cannot see (a libcni cache that is empty, missing or
 another runtime's; a netns directory hidden by a tmpfs or by a private mount namespace; /proc not mounted;
 another network namespace) removes nothing of a live attachment (its lines in every table and its

@@ -1,5 +1,5 @@
 """A dead attachment's leftover that something not ours holds keeps its record, held, looked at again later
-(README, "Evidence"): from a red team of the held records (their marks at the edges, a DEL meanwhile, a
+(docs/how-it-works.md, "Evidence"): from a red team of the held records (their marks at the edges, a DEL meanwhile, a
 foreign rule inside portmap's chain, damaged index journals, the address handed on, sweeps side by side).
 Also the DEL that keeps the masquerade chain for bridge while another namespace is at the path."""
 

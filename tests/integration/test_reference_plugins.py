@@ -1,5 +1,5 @@
 """What the reference plugins do without cni-reaper, measured with the same stacks as the rest of the suite.
-These are the facts cni-reaper's design and the README rest on (README, Compatibility); if a new plugin
+These are the facts cni-reaper's design and the README rest on (docs/compatibility.md); if a new plugin
 release changes one, this file says which."""
 
 from __future__ import annotations

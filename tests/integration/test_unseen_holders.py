@@ -1,4 +1,4 @@
-"""Holders nobody can see (README, "Evidence": what may still be forming), found by red-teaming the sweep:
+"""Holders nobody can see (docs/how-it-works.md, "Evidence": what may still be forming), found by red-teaming the sweep:
 
 - an IPAM that keeps no reservations (static): a dead attachment's address may be held by an ADD in flight,
   or by an attachment of a network without cni-reaper, and a new life of the same container may be being

@@ -73,8 +73,8 @@ def test_the_6385_sequence_leaves_nothing_and_the_final_del_succeeds(client):
 
 def test_nomads_restart_path_at_the_same_path_is_cleaned_by_the_next_sweep(client):
     """Nomad 1.9.5+ after a failed CHECK: the netns destroyed and made again at the same path, ADD with no DEL.
-    At 0.4.0 nothing of cni-reaper runs before bridge, which refuses the re-ADD as without it (README, "Two
-    ways"); the next call on the client (another allocation's ADD) removes the old life's rules and releases
+    At 0.4.0 nothing of cni-reaper runs before bridge, which refuses the re-ADD as without it (README, "Installing
+    into Nomad"); the next call on the client (another allocation's ADD) removes the old life's rules and releases
     its reservation, and a teardown and setup of the allocation then succeeds and is reached over TCP."""
     from testkit.nomad import reservations_dir
 

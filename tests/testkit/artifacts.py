@@ -1,4 +1,4 @@
-"""What the reference plugins leave in netfilter and host-local for one attachment (the shapes of README,
+"""What the reference plugins leave in netfilter and host-local for one attachment (the shapes of docs/how-it-works.md,
 "What a dead attachment leaves", as measured on the real plugins), planted directly: for the benchmark's and the reliability tests' thousands of
 attachments, where running the real chain for each would take minutes. The end-to-end tests use the real
 plugins instead."""

@@ -1,5 +1,5 @@
 """The planner decides ownership from parsed rules only. These cases are built from the rule shapes the
-reference plugins write (README, "What a dead attachment leaves") plus look-alikes that must survive."""
+reference plugins write (docs/how-it-works.md, "What a dead attachment leaves") plus look-alikes that must survive."""
 
 from __future__ import annotations
 

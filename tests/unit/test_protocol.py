@@ -91,7 +91,7 @@ def test_undecodable_config_is_decode_failure(tmp_path, data, code):
 ])
 def test_the_errors_that_remain_by_design_get_the_spec_code(tmp_path, field, value, code):
     """A version nobody speaks, a network name libcni would refuse, a state directory that cannot hold
-    records: the few ADD errors left (README, "Never block an allocation")."""
+    records: the few ADD errors left (docs/how-it-works.md, "Never block an allocation")."""
     c = conf(tmp_path / "s")
     c[field] = value
     rc, out = invoke("ADD", c)

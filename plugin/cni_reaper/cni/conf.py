@@ -3,9 +3,9 @@
 `models.PluginConf` (pydantic) is the schema; this mirrors it field by field, and tests/unit/test_schema.py
 checks with generated inputs that both accept and refuse the same documents and yield the same values.
 (pydantic-core's extension alone takes ≈ 35 ms to load here, most of the whole budget of an ADD; see
-README, Performance.)
+docs/performance.md.)
 
-Never block an allocation (README): keys are decoded the way the Go reference plugins decode theirs
+Never block an allocation (docs/how-it-works.md): keys are decoded the way the Go reference plugins decode theirs
 (gojson: case-insensitive keys, null = absent, unknown keys ignored), and a value of one of cni-reaper's
 own keys that it cannot use costs a warning and the default, never the allocation. The one exception is
 `stateDir`: without a usable state directory nothing can be recorded (as host-local fails on an unusable

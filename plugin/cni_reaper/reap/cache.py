@@ -5,7 +5,7 @@ as prevResult, and libcni 1.3's GC sends a DEL for every cached attachment the r
 
 Read here as evidence (an entry that was there and is gone: the DEL is over; an entry whose netns is gone:
 that attachment is dead), and, once cni-reaper has released a dead attachment's addresses, rewritten so
-that nothing the runtime still holds for it hurts the addresses' next owner (README, "The runtime's memory
+that nothing the runtime still holds for it hurts the addresses' next owner (docs/how-it-works.md, "The runtime's memory
 of a dead attachment"): the released addresses are taken out of the cached result, everything else stays.
 """
 

@@ -10,7 +10,7 @@ This speaks ctnetlink directly over a netlink socket: one dump per family, parse
 then the matching entries deleted in batches, each by its original tuple (copied from the dump) and its ID.
 pyroute2's Conntrack does the same, and the tests hold this module to it; measured here, pyroute2 0.9.7 spends
 about 0.2 s importing, 0.07 ms parsing each dumped entry and 0.6 ms per delete, which made 3,000 entries
-take over 2 s (this module: see README, Performance).
+take over 2 s (this module: see docs/performance.md).
 """
 
 from __future__ import annotations

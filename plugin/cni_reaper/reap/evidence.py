@@ -1,4 +1,4 @@
-"""The judgement of life and death, in one place (README, "Evidence").
+"""The judgement of life and death, in one place (docs/how-it-works.md, "Evidence").
 
 cni-reaper may delete a live node's rules and release its addresses: it does so only for what positive
 evidence, seen from a view known to be complete, says is dead. Absence is never evidence: a missing cache,

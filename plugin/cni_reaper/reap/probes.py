@@ -335,7 +335,7 @@ def veth_gone(name: str) -> bool:
 
 
 def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
-    """What an ADD records to tell this life from every other later (README, "Evidence")."""
+    """What an ADD records to tell this life from every other later (docs/how-it-works.md, "Evidence")."""
     h = host()
     veth = None
     for name in host_veths:

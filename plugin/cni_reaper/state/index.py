@@ -1,6 +1,6 @@
 """The index of the state directory: per record file, what deciding "is anything stale" takes (its key, what
 proves its current life alive or dead, its tombstone, whether it has earlier lives, its addresses), so that
-with nothing stale a verb reads one small file instead of every record (README, Performance).
+with nothing stale a verb reads one small file instead of every record (docs/performance.md).
 
 It is a cache: `.index` (written whole) plus `.index-journal` (one JSON line per change since, each entry
 checked field by field), checked against one scan of the directory (names and inodes: no stat, no read);

@@ -9,7 +9,7 @@ Writer and reader agree on every limit: the builders cut what they are given to 
 so), `problem()` refuses what is past them, and MAX_RECORD_BYTES is larger than the largest record the
 builders can make (tests/unit/test_state_fuzz.py holds the two together).
 
-Schema 2 adds, per life, what proves it alive or dead (README, "Evidence"): the namespace's change time
+Schema 2 adds, per life, what proves it alive or dead (docs/how-it-works.md, "Evidence"): the namespace's change time
 beside its device and inode, the identity of the directory the netns path is in, the host (boot, machine,
 network namespace), the host side of the veth pair, and per address the identity of its host-local
 reservation; per record the settings it is to be cleaned with. Schema 1 records (cni-reaper 0.2) are read
@@ -236,7 +236,7 @@ def tombstone(netns_gone: bool, had_prev_result: bool, had_port_mappings: bool, 
 
 def left(why: str) -> dict[str, Any]:
     """A dead attachment's leftovers that no sweep may take (nothing shows they are not a new life's, or
-    another attachment's: README, "Evidence"): they wait for the runtime's DEL or GC, and why."""
+    another attachment's: docs/how-it-works.md, "Evidence"): they wait for the runtime's DEL or GC, and why."""
     return {"at": iso_now(), "why": why[:MAX_TEXT]}
 
 
