@@ -23,8 +23,12 @@ def _host_cni_lines() -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def host_tables_untouched():
-    """Fails the run if any test leaked a CNI rule into the machine's own netfilter tables."""
+def host_tables_untouched(request):
+    """Fails the run if any test leaked a CNI rule into the machine's own netfilter tables (looked at only when
+    a test that touches the kernel runs: the fast loop reads no table)."""
+    if not _kernel_tests_selected(request.session):
+        yield
+        return
     before = _host_cni_lines()
     yield
     assert _host_cni_lines() == before, "a test changed the machine's own netfilter tables"
@@ -97,3 +101,18 @@ def flavour(request) -> str:
 def sandbox(tmp_path, flavour, reaper_exe, stack):
     with open_sandbox(tmp_path, flavour, reaper_exe, stack) as sb:
         yield sb
+
+
+ROOT_FIXTURES = {"private_host", "sandbox", "sb", "native", "sandbox_root"}  # they make namespaces or need root
+
+
+def pytest_collection_modifyitems(config, items):
+    """What needs root or namespaces is marked `netns` whether its module says so or a fixture it asks for
+    does, so that `-m "not netns"` leaves only what runs without root."""
+    for item in items:
+        if ROOT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.netns)
+
+
+def _kernel_tests_selected(session) -> bool:
+    return any(item.get_closest_marker("netns") for item in session.items)

@@ -5,12 +5,13 @@ build's check to refuse."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from testkit.tools import needs_tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import elfver
@@ -26,8 +27,7 @@ PROGRAMS = {
 
 
 def compile_program(tmp_path: Path, name: str, body: str, extra: str = "") -> Path:
-    if not shutil.which("gcc"):
-        pytest.fail("gcc is not installed (scripts/setup.sh installs it)")
+    needs_tool("gcc", "scripts/setup.sh installs it")
     src = tmp_path / f"{name}.c"
     src.write_text("#define _GNU_SOURCE\n#include <math.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <spawn.h>\n"
                    f"{extra}\nint main(int argc, char **argv) {{ {body} return 0; }}\n")

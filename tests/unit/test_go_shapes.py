@@ -197,6 +197,7 @@ def expected(key, tmp_path_factory) -> dict:
 
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+@pytest.mark.slow
 @given(case=variants())
 def test_every_request_go_plugins_accept_is_accepted_and_recorded_the_same(tmp_path_factory, case):
     key, doc = case

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ _PIECES = st.sampled_from(["r-", ".json", "\n", "r", "-", ".", "json", "x", ".lo
 _NAME = st.lists(_PIECES, max_size=6).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(_NAME, max_size=6))
 def test_all_record_names_is_every_is_record_name_without_newlines(names):

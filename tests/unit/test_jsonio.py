@@ -7,6 +7,7 @@ import json
 import math
 import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +86,7 @@ def _render(doc, sep, colon) -> str:
     return "{" + json.dumps("nftables") + colon + "[" + items + "]}"
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(tagged_docs, spacings, damages)
 def test_tagged_items_are_what_json_reads_or_none(doc, spacing, damage):
@@ -121,6 +123,7 @@ def test_tagged_items_are_what_json_reads_or_none(doc, spacing, damage):
     assert all(same(json.loads(raw), v) for _, v, raw in got)
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.lists(values, max_size=4), values, st.booleans())
 def test_dumps_raw_writes_the_text_of_each_raw_value(raws, rest, mark_in_data):

@@ -25,10 +25,17 @@ def test_lines_written_together_are_the_lines_written_one_by_one(tmp_path, capsy
     assert capsys.readouterr().err.count("\n") == 6  # stderr too
 
 
-def test_a_line_that_cannot_be_written_fails_nothing(tmp_path):
+def test_a_line_that_cannot_be_written_fails_nothing(tmp_path, capsys):
+    """A log file in a directory that does not exist: the lines are dropped, quietly (stdout belongs to the
+    protocol, stderr to the runtime), and no directory is made for them."""
     log.begin(str(tmp_path / "no-such-dir" / "x.log"), stderr=False)
-    log.each("info", "removed", [{"a": 1}])
-    log.info("removed", a=1)
+    assert log.each("info", "removed", [{"a": 1}]) is None
+    assert log.info("removed", a=1) is None
+    assert capsys.readouterr() == ("", "")
+    assert not (tmp_path / "no-such-dir").exists()
+    log.begin(str(tmp_path / "x.log"), stderr=False)  # and the next call's log, where it can be written, works
+    log.info("removed", a=2)
+    assert json.loads((tmp_path / "x.log").read_text())["a"] == 2
 
 
 def test_the_records_dropped_are_told_even_when_a_later_one_cannot_be_trimmed(tmp_path):

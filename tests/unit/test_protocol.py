@@ -196,6 +196,8 @@ def test_go_style_port_mapping_keys_are_accepted(tmp_path):
         {"HostPort": 8080, "ContainerPort": 80, "Protocol": "TCP", "HostIP": ""}]})
     rc, _ = invoke("ADD", c)
     assert rc == 0
+    [record] = [json.loads(p.read_text()) for p in (tmp_path / "s").glob("r-*.json")]
+    assert record["current"]["portMappings"] == [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""}]
 
 
 def test_run_without_command_prints_about_to_stderr(package_exe):

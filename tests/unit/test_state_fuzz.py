@@ -142,6 +142,7 @@ def _plant(state, records, raw, index, journal) -> None:
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
 @given(damage())
 def test_no_verb_fails_or_blocks_because_of_another_attachments_state(tmp_path_factory, case):
     state = tmp_path_factory.mktemp("fuzz") / "s"
@@ -176,6 +177,7 @@ PATHS = st.text(min_size=1, max_size=4096).map(lambda s: "/" + s.replace("\0", "
        netns=PATHS, n_ips=st.integers(0, 40), n_ports=st.integers(0, 1500), n_args=st.integers(0, 64),
        lives=st.integers(1, 20), big=st.booleans())
 # a name that is not UTF-8 (CNI_IFNAME=$'\xff' reaches Python as a lone surrogate): once a traceback on every ADD
+@pytest.mark.slow
 @example(cid="0", network="0", ifname="\udcff", netns="/0", n_ips=0, n_ports=0, n_args=0, lives=1, big=False)
 @example(cid="0", network="0", ifname="\ud800", netns="/0", n_ips=0, n_ports=0, n_args=0, lives=1, big=False)
 def test_what_the_writer_writes_the_reader_reads(tmp_path_factory, cid, network, ifname, netns, n_ips, n_ports, n_args,
@@ -241,6 +243,7 @@ def test_prev_result_is_recorded_with_at_most_the_limit_of_addresses(tmp_path):
 _NAMEISH = st.lists(st.sampled_from(["r", "-", ".", "json", "\n", "a", "0", ".corrupt", ".lock"]), max_size=8).map("".join)
 
 
+@pytest.mark.slow
 @given(st.lists(st.one_of(_NAMEISH, st.builds(lambda s: f"r-{s}.json", _NAMEISH)), max_size=6))
 @settings(max_examples=3000, deadline=None)
 @example(["ar-x.json"])

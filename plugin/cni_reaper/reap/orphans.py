@@ -199,19 +199,27 @@ def shadowing(conf: Any, cid: str, ports: set[HostPort], families: set[int], rec
     out.clashes = [m for p in sorted(ports, key=str) for m in pm.others(p, cid)]
     if not out.clashes:
         return out
+    out.targets = _owners_judged(conf, out.clashes, recorded(), reserved_in, view)
+    return out
+
+
+def _owners_judged(conf: Any, clashes: list[Mapping], known: set[tuple[str, str]], reserved_in: str,
+                   view: View) -> list[Target]:
+    """The targets of the clashing owners that have no record and that libcni's cache or host-local may prove
+    dead (an owner with a record is judged by its record; one whose network cannot be told is left)."""
     tags = _tags(conf.backend) or {}
     networks = {c: n for (n, c) in tags}
-    known = recorded()
-    for other in sorted({m.container_id for m in out.clashes if m.container_id}):
-        tagged_as = next((m.network for m in out.clashes if m.container_id == other and m.network),
+    out = []
+    for other in sorted({m.container_id for m in clashes if m.container_id}):
+        tagged_as = next((m.network for m in clashes if m.container_id == other and m.network),
                          networks.get(other, UNNAMED))
         network = named(tagged_as, other, conf.name, reserved_in, view)
         if not network or (network, other) in known:
-            continue  # not known (left, warned); a record's owner is judged by its record
-        addresses = tags.get((tagged_as, other), set())
-        t = judged(conf, network, other, addresses, view, reserved_in if network == conf.name else "")
+            continue
+        t = judged(conf, network, other, tags.get((tagged_as, other), set()), view,
+                   reserved_in if network == conf.name else "")
         if t is not None:
-            out.targets.append(t)
+            out.append(t)
     return out
 
 

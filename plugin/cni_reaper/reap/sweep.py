@@ -299,19 +299,30 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
     watched = [t for t in targets if t.network in watching]
     if watched:
         seen = clean(watched, sel.holders, CleanSettings(data_dirs, conf.lockTimeout, backend_for, dry_run=True))
-        outcome.would, outcome.would_counts = seen.removed, seen.counts
-        outcome.errors += seen.errors
-        if store is not None and not dry_run:
-            report_observed(store, seen, reasons(sel))
-        outcome.waiting.update(seen.waiting)
-    for t in sel.extra:  # known by tags alone, and host-local did not prove them dead: not known
-        why = outcome.waiting.get(t.key) if t.reserved_in else None
-        if why is not None:
-            sel.view.note(f"tagged attachments without a record or a libcni cache entry: {why}")
+        _observed(store if not dry_run else None, sel, seen, outcome)
+    _note_unproven(sel, outcome)
     outcome.unknown = dict(sel.view.blind)
     if journal is not None and store is not None:
         settle(store, sel, targets, outcome, time.monotonic() - started, watching, journal)
     return outcome
+
+
+def _observed(store: Store | None, sel: Selection, seen: Outcome, outcome: Outcome) -> None:
+    """What the networks in observe mode would have lost (`seen`, a dry run) goes into the outcome, and, when
+    a store is given, into the log and the would-remove counters."""
+    outcome.would, outcome.would_counts = seen.removed, seen.counts
+    outcome.errors += seen.errors
+    outcome.waiting.update(seen.waiting)
+    if store is not None:
+        report_observed(store, seen, reasons(sel))
+
+
+def _note_unproven(sel: Selection, outcome: Outcome) -> None:
+    """Attachments known by their tags alone that host-local did not prove dead are not known: said."""
+    for t in sel.extra:
+        why = outcome.waiting.get(t.key) if t.reserved_in else None
+        if why is not None:
+            sel.view.note(f"tagged attachments without a record or a libcni cache entry: {why}")
 
 
 def reasons(sel: Selection) -> dict[Key, str]:

@@ -282,9 +282,7 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
     of cni-reaper 0.2 with its network's conflist, or the first one's when no conflist names its network any
     more); tagged attachments without a record where libcni's cache proves them dead, or host-local (where the
     network's records, or else its conflist, say host-local keeps it: orphans.proven_dead)."""
-    from cni_reaper.reap import orphans
     from cni_reaper.reap.sweep import select, sweep
-    from cni_reaper.state.record import network_dir
     from cni_reaper.state.store import Store
 
     first = group[0]
@@ -300,20 +298,28 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
                 named = {c.network for c in group}
                 runs += [(first.conf, n) for n in sorted({r["network"] for r in records} - named)]
             confs = {n: conf for conf, n in runs if n}
-            recorded = {(r["network"], r["containerID"]) for r in records}
             modes = _modes(store, group, records, _settings(args))
-            conflist_dirs = {c.network: c.reservations_in for c in group if c.network}
             for conf, network in runs:
                 sel = select(records, view, confs, conf, only_network=network)
-                if args.orphans and network:
-                    reserved = network_dir(records, network) or conflist_dirs.get(network, "")
-                    sel.extra = orphans.proven_dead(conf, recorded, view, network, reserved)
-                elif args.orphans:
-                    sel.extra = orphans.proven_dead(conf, recorded, view, network)
+                if args.orphans:
+                    sel.extra = _orphans(group, records, conf, network, view)
                 total.merge(sweep(store, conf, sel, dry_run=not args.apply, modes=modes))
     finally:
         if store is not None:
             store.close()
+
+
+def _orphans(group: list[Context], records: list[dict], conf, network: str | None, view) -> list:
+    """The tagged attachments of `network` with no record that libcni's cache or host-local proves dead;
+    host-local's directory of the network is where its records saw it, else where its conflist says."""
+    from cni_reaper.reap import orphans
+    from cni_reaper.state.record import network_dir
+
+    recorded = {(r["network"], r["containerID"]) for r in records}
+    if not network:
+        return orphans.proven_dead(conf, recorded, view, network)
+    conflist_dir = next((c.reservations_in for c in group if c.network == network), "")
+    return orphans.proven_dead(conf, recorded, view, network, network_dir(records, network) or conflist_dir)
 
 
 def _modes(store, group: list[Context], records: list[dict], settings) -> dict[str, str]:
