@@ -63,3 +63,25 @@ def test_an_unnamed_networks_owner_is_named_only_when_no_other_network_holds_it(
     assert reserved_elsewhere([str(tmp_path)], "gone", NET)
     assert not reserved_elsewhere([str(tmp_path)], "gone", "elsewhere")
     assert not reserved_elsewhere([str(tmp_path)], "nobody", NET)
+
+
+def test_a_reservation_that_cannot_be_read_holds_its_address_and_the_network_for_any_dead_life(tmp_path):
+    """Not only host-local's word: a reservation there that cannot be read (a FIFO, a directory named by the
+    address) may be anyone's, so a recorded dead life keeps what is tied to that address, and its chains."""
+    dead = Target(NET, "dead", "eth0", frozenset({"10.0.0.6", "10.0.0.7"}), whole=True,
+                  expect={ip: Expect(str(tmp_path), ("dead", "eth0")) for ip in ("10.0.0.6", "10.0.0.7")})
+    reserve(tmp_path, "10.0.0.7", "dead")
+    d = NetworkDir(str(tmp_path), NET)
+    claims = Claims([dead], {}, [d])
+    assert claims.ip_free(dead, "10.0.0.6") and claims.container_free(dead)
+    d.close()
+    os.mkfifo(tmp_path / NET / "10.0.0.6")
+    d = NetworkDir(str(tmp_path), NET)
+    try:
+        claims = Claims([dead], {}, [d])
+        assert not claims.ip_free(dead, "10.0.0.6") and not claims.kin_free(dead, "10.0.0.6")
+        assert claims.kin_free(dead, "10.0.0.7")  # its own reservation, read
+        assert not claims.container_free(dead)
+        assert "cannot be read" in claims.why_kept(dead, "10.0.0.6")
+    finally:
+        d.close()

@@ -67,15 +67,10 @@ class Claims:
         wanted_ips = {ip for t in targets for ip in t.dead_ips}
         self.host_local: set[str] = set()  # the networks host-local keeps in a directory known here
         self.read: dict[str, list[NetworkDir]] = {}  # network -> its directories read whole
+        self.unread_ips: set[str] = set()  # addresses whose reservation is there but cannot be read
+        self.unread_networks: set[str] = set()  # networks with such a reservation: any container may hold one
         for d in {id(d): d for d in dirs}.values():
-            if d.fd is not None:
-                self.host_local.add(d.network)
-                if d.network in wanted_networks:
-                    self.read.setdefault(d.network, []).append(d)
-            found = d.all() if d.network in wanted_networks else [r for r in map(d.get, sorted(wanted_ips)) if r]
-            for r in found:
-                self.by_ip.setdefault(r.ip, []).append(r)
-                self.by_container.setdefault((r.network, r.owner[0]), []).append(r)
+            self._read(d, d.network in wanted_networks, wanted_ips)
         self.kin: dict[tuple[str, str], list[Target]] = {}  # the targets of each container
         for t in targets:
             self.kin.setdefault((t.network, t.container_id), []).append(t)
@@ -85,6 +80,20 @@ class Claims:
             self.holder_containers.setdefault((k[0], k[1]), set()).add(k)
             for ip in addresses:
                 self.holder_ips.setdefault(ip, set()).add(k)
+
+    def _read(self, d: NetworkDir, whole: bool, wanted_ips: set[str]) -> None:
+        """The reservations of one directory: all of them (`whole`: a network of the targets), else those of
+        the targets' addresses."""
+        if d.fd is not None:
+            self.host_local.add(d.network)
+            if whole:
+                self.read.setdefault(d.network, []).append(d)
+        for r in d.all() if whole else [r for r in map(d.get, sorted(wanted_ips)) if r]:
+            self.by_ip.setdefault(r.ip, []).append(r)
+            self.by_container.setdefault((r.network, r.owner[0]), []).append(r)
+        self.unread_ips.update(d.unread)  # a reservation that cannot be read may be anyone's
+        if d.unread and whole:
+            self.unread_networks.add(d.network)
 
     def _held_by_others(self, t: Target, ip: str, kin_only: bool) -> bool:
         holders = self.holder_ips.get(ip, set())
@@ -109,14 +118,14 @@ class Claims:
 
     def ip_free(self, t: Target, ip: str) -> bool:
         """No one else holds `ip`: its untagged rules and conntrack entries may go."""
-        if t.forming or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=False):
+        if t.forming or ip in self.unread_ips or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=False):
             return False
         return all(own(t, r) for r in self.by_ip.get(ip, []))
 
     def kin_free(self, t: Target, ip: str) -> bool:
         """No other life of t's container holds `ip`: its rules tagged with the container and tied to the
         address may go."""
-        if t.forming or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=True):
+        if t.forming or ip in self.unread_ips or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=True):
             return False
         return all(self._own_by_kin(t, r) for r in self.by_ip.get(ip, []) if r.owner[0] == t.container_id)
 
@@ -126,7 +135,7 @@ class Claims:
 
     def container_free(self, t: Target) -> bool:
         """No other life of t's container is live, unknown, being deleted or reserved: its chains may go."""
-        if t.forming or not self._container_governed(t):
+        if t.forming or t.network in self.unread_networks or not self._container_governed(t):
             return False
         others = self.holder_containers.get((t.network, t.container_id), set()) - {t.key}
         if others or (not t.whole and t.key in self.holders):
@@ -158,6 +167,8 @@ class Claims:
     def why_kept(self, t: Target, ip: str) -> str:
         if t.forming:
             return "its netns path holds a newer namespace: a new life may be forming there"
+        if ip in self.unread_ips:
+            return "its host-local reservation cannot be read: who holds it is not known"
         if not self.governed(t, ip):
             return ("no host-local reservation of it was recorded or is there (its IPAM keeps none): nothing shows "
                     "who else holds it, or whether a new life of the container is being made with it; the "
@@ -176,6 +187,8 @@ class Claims:
         return None
 
     def why_chains_kept(self, t: Target) -> str:
+        if t.network in self.unread_networks:
+            return "its chains stay: a host-local reservation of its network cannot be read (it may name it)"
         if t.forming or not self._container_governed(t):
             return ("its chains stay: no host-local reservation shows whether a new life of the container is "
                     "being made (the runtime's DEL or GC removes them)")

@@ -81,10 +81,16 @@ class NetworkDir:
         return _Held(self, timeout)
 
     def get(self, ip: str) -> Reservation | None:
+        """The reservation of `ip`, or None: there is none, or it cannot be read (then it is named in `unread`)."""
         if self.fd is None:
             return None
         found = probes.read_reservation(self.fd, ip)
         if found is None:
+            try:
+                os.stat(ip, dir_fd=self.fd, follow_symlinks=False)
+                self.unread.append(ip)  # there, but not a file that can be read: it may name anyone
+            except OSError:
+                pass
             return None
         f = found[1]
         return Reservation(self.data_dir, self.network, ip, found[0], (f["ino"], f["mtime"], f["ctime"]), f["content"],
@@ -101,8 +107,6 @@ class NetworkDir:
                 r = self.get(name)
                 if r is not None:
                     out.append(r)
-                else:
-                    self.unread.append(name)
         return out
 
     def release(self, r: Reservation) -> bool:

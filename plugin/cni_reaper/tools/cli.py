@@ -610,8 +610,9 @@ def _doctor_leaks(args, contexts: list[Context]) -> list:
     if not found and not doubled:
         return [doctor.Finding(doctor.OK, "leaks", "", "no dead attachment's rules or reservations are left, and no "
                                f"host port is mapped twice{said}")]
-    msg = (f"{len(found)} dead attachment(s) left {items} item(s), {reserved} of them reservation(s)"
-           + (f"; host ports mapped by more than one container: {ports}" if doubled else "") + said)
+    parts = [f"{len(found)} dead attachment(s) left {items} item(s), {reserved} of them reservation(s)"] if found else []
+    parts += [f"host ports mapped by more than one container: {ports}"] if doubled else []
+    msg = "; ".join(parts) + said
     return [doctor.Finding(doctor.WARN, "leaks", "", msg, "`cni-reaper sweep --orphans` lists them with the evidence; "
                            "`cni-reaper sweep --orphans --apply` removes what is proven dead")]
 
