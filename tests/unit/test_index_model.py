@@ -148,7 +148,8 @@ class Run:
         elif op < 0.9:  # a file at a path re-made (a netns re-created: its ctime changes)
             p = rnd.choice(self.files)[1]
             os.utime(p)
-            os.chmod(p, 0o600 if rnd.random() < 0.5 else 0o644)
+            searchable = 0o100 if os.path.isdir(p) else 0  # a directory stays searchable (root passes anyway)
+            os.chmod(p, (0o600 if rnd.random() < 0.5 else 0o644) | searchable)
 
     def check(self, view):
         """What a sweep reads, against the model."""
