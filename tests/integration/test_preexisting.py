@@ -234,3 +234,63 @@ def leak_natively(sb, plain) -> list[str]:
     assert [r for r in native_of(sb, a) if "dnat to" in r], "portmap's native DNAT did not leak"
     assert [r for r in native_of(sb, b) if "masquerade" in r], "bridge's native masquerade did not leak"
     return [a, b]
+
+
+def test_observe_mode_journal_and_undo_cover_what_host_locals_word_removes(sb):
+    """Observe mode: the ADD on the shadowed port and the orphan sweep remove nothing and say what they would;
+    in clean mode what goes is journaled, and undo puts back what no live allocation holds (the DNAT of the
+    freed port is refused: the new allocation maps it now)."""
+    plain = sb.conflist(without_reaper=True)
+    watching = sb.root / "watching.conflist"  # (sb.conflist writes one file per network name)
+    watching.write_text(sb.conflist(mode="observe").read_text())
+    reaper = sb.conflist()
+    leaked = leak(sb, plain, NETWORK)
+    dnat_leak, masq_leak = list(leaked)
+    before = {cid: sb.residue(NETWORK, cid, ips) for cid, ips in leaked.items()}
+    new = unique("new-")
+    netns_new = sb.container()
+    ips_of(sb.driver("add", new, netns_new, ("8080:80/tcp", "8080:80/udp"), watching))
+    observed = operator(sb, watching, "sweep", "--orphans", "--apply")
+    assert observed.returncode == 3 and "observe mode" in observed.stdout, observed.stdout + observed.stderr
+    assert {cid: sb.residue(NETWORK, cid, ips) for cid, ips in leaked.items()} == before, "observe mode removed"
+    lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
+    assert any(l["msg"].startswith("host port shadowed by the DNAT of a dead allocation, left in place") for l in lines)
+
+    assert sb.status()[0] == 0  # a call of the network in clean mode: its mode is clean from now on
+    applied = operator(sb, reaper, "sweep", "--orphans", "--apply")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert all(sb.residue(NETWORK, cid, ips) == [] for cid, ips in leaked.items())
+    journal = json.loads(operator(sb, reaper, "journal", "--json").stdout)
+    assert {tuple(r["key"][:2]) for r in journal} >= {(NETWORK, dnat_leak), (NETWORK, masq_leak)}
+    undone = operator(sb, reaper, "undo", masq_leak)
+    assert undone.returncode == 0, undone.stdout + undone.stderr
+    assert sb.residue(NETWORK, masq_leak, []) == [l for l in before[masq_leak] if "CNI-FORWARD" not in l]
+    refused = operator(sb, reaper, "undo", dnat_leak)
+    assert refused.returncode == 4 and "mapped by another allocation" in refused.stdout + refused.stderr
+    assert sb.reach(netns_new, HOST_IP, 8080, "NEW") == "NEW"
+
+
+def test_a_container_that_leaked_before_installation_and_is_added_again_can_be_deleted(sb):
+    """#6385 before installation left A's masquerade chain and a jump from its old address; A is added again
+    after (Nomad's restart path re-adds the same allocation): bridge takes up the same chain. The orphan sweep
+    removes the old jump (an address no life of A has, released), keeps every rule of A's new life, and A's
+    DEL then succeeds (bridge cannot delete a chain an old jump still uses)."""
+    plain, reaper = sb.conflist(without_reaper=True), sb.conflist()
+    a = unique("again-")
+    first = sb.container()
+    old_ips = ips_of(sb.driver("add", a, first, ("8081:80/tcp",), plain))
+    sb.remove_container(first)
+    assert sb.driver("del", a, first, ("8081:80/tcp",), plain).returncode == 0
+    assert [l for l in sb.residue(NETWORK, a, old_ips) if f"-s {old_ips[0]}/32" in l]
+    netns = sb.container()
+    new_ips = ips_of(sb.driver("add", a, netns, ("8082:80/tcp",), reaper))
+    assert new_ips != old_ips
+    live_rules = [l for l in sb.residue(NETWORK, a, new_ips) if f"-s {old_ips[0]}/32" not in l]
+    applied = operator(sb, reaper, "sweep", "--orphans", "--apply")
+    assert applied.returncode == 0 and f"masquerade jump for {old_ips[0]}/32" in applied.stdout, applied.stdout
+    assert sb.residue(NETWORK, a, new_ips) == live_rules
+    assert sb.reach(netns, HOST_IP, 8082, "AGAIN") == "AGAIN"
+    deleted = sb.driver("del", a, netns, ("8082:80/tcp",), reaper)
+    assert deleted.returncode == 0, deleted.stderr
+    sb.remove_container(netns)
+    assert sb.residue(NETWORK, a, [*old_ips, *new_ips]) == []

@@ -74,23 +74,43 @@ def _tags(backend: str) -> dict[tuple[str, str], set[str]] | None:
         return None
 
 
-def proven_dead(conf: Any, recorded: set[tuple[str, str]], view: View, only_network: str | None = None,
+def proven_dead(conf: Any, recorded: dict[tuple[str, str], set[str]], view: View, only_network: str | None = None,
                 reserved_in: str = "") -> list[Target]:
     """Tagged attachments with no record that libcni's cache (conf.cniCacheDir) proves dead, or, with no cache
     entry, that host-local may prove dead under its locks (`reserved_in`: the data dir host-local keeps
-    `only_network` in, as its conflist says; "" when not known: then they are unknown)."""
+    `only_network` in, as its conflist says; "" when not known: then they are unknown); and of recorded ones
+    (`recorded`: (network, container ID) -> the addresses of its lives), the tagged rules of addresses no
+    recorded life has (unrecorded_sources)."""
     found = _tags(conf.backend)
     if found is None:
         return []
     out = []
     for (tagged_as, cid), addresses in sorted(found.items()):
         network = named(tagged_as, cid, only_network or "", reserved_in, view)
-        if not network or (only_network and network != only_network) or (network, cid) in recorded:
+        if not network or (only_network and network != only_network):
             continue
-        t = judged(conf, network, cid, addresses, view, reserved_in if network == only_network else "")
+        if (network, cid) in recorded:
+            t = unrecorded_sources(conf, network, cid, addresses - recorded[(network, cid)], reserved_in)
+        else:
+            t = judged(conf, network, cid, addresses, view, reserved_in if network == only_network else "")
         if t is not None:
             out.append(t)
     return out
+
+
+def unrecorded_sources(conf: Any, network: str, cid: str, addresses: set[str], reserved_in: str) -> Target | None:
+    """A recorded attachment's tagged rules of addresses none of its recorded lives has (a life from before
+    cni-reaper was installed: its masquerade jump from an address since released, which makes bridge's DEL
+    of the chain fail): a target of those addresses alone. The claims remove them only where host-local
+    governs the address and no life of the container holds it, a life in flight included (no reservation is
+    its own, and its chains stay); the container's own record keeps everything else."""
+    from cni_reaper.reap.targets import Expect, Target
+
+    if not addresses or not reserved_in:
+        return None
+    expect = {ip: Expect(reserved_in, (cid, ""), not_after=-1) for ip in addresses}  # none is its own
+    return Target(network, cid, "", frozenset(addresses), whole=False, parts=frozenset({"masq"}), expect=expect,
+                  backend=conf.backend, cache_dir=conf.cniCacheDir)
 
 
 def named(network: str, cid: str, own: str, reserved_in: str, view: View) -> str:

@@ -313,9 +313,11 @@ def _orphans(group: list[Context], records: list[dict], conf, network: str | Non
     """The tagged attachments of `network` with no record that libcni's cache or host-local proves dead;
     host-local's directory of the network is where its records saw it, else where its conflist says."""
     from cni_reaper.reap import orphans
-    from cni_reaper.state.record import network_dir
+    from cni_reaper.state.record import ips, network_dir
 
-    recorded = {(r["network"], r["containerID"]) for r in records}
+    recorded: dict[tuple[str, str], set[str]] = {}
+    for r in records:
+        recorded.setdefault((r["network"], r["containerID"]), set()).update(ips(r["current"], *r["earlier"]))
     if not network:
         return orphans.proven_dead(conf, recorded, view, network)
     conflist_dir = next((c.reservations_in for c in group if c.network == network), "")
