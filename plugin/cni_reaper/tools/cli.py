@@ -288,7 +288,8 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
     first = group[0]
     store = None
     if os.path.isdir(first.conf.stateDir):
-        store = Store(first.conf.stateDir, first.conf.lockTimeout).open(create=False)
+        # a dry run (and doctor's look at the leaks) reads only: a mode other than 0700 is left as it is
+        store = Store(first.conf.stateDir, first.conf.lockTimeout).open(create=False, read_only=not args.apply)
     try:
         lock = store.locked() if store is not None else _NoLock()
         with lock:
