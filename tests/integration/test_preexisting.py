@@ -294,3 +294,121 @@ def test_a_container_that_leaked_before_installation_and_is_added_again_can_be_d
     assert deleted.returncode == 0, deleted.stderr
     sb.remove_container(netns)
     assert sb.residue(NETWORK, a, [*old_ips, *new_ips]) == []
+
+
+def other_network(sb, ipam: str, masq: bool = True) -> tuple[object, str]:
+    """A live allocation's network beside the swept one, through the reference chain alone with the native
+    backends: its own bridge and subnet, host-local in a data directory of its own (`custom-dir`) or static
+    IPAM (`static`): no reservation of it is where the swept network's are; without `masq`, no rule of it but
+    portmap's names the container. Returns (conflist, address)."""
+    data = json.loads(sb.native_conflist(without_reaper=True).read_text())
+    data["name"] = "other-net"
+    for p in data["plugins"]:
+        if p["type"] == "bridge":
+            p["bridge"] = "cniother0"
+            p["ipMasq"] = masq
+            p["ipam"] = ({"type": "static", "addresses": [{"address": "10.77.0.5/24"}]} if ipam == "static" else
+                         {"type": "host-local", "dataDir": str(sb.cni_dir / "other-dir"),
+                          "ranges": [[{"subnet": "10.77.0.0/24"}]]})
+    path = sb.root / f"other-{ipam}.conflist"
+    path.write_text(json.dumps(data))
+    return path, "10.77.0.5" if ipam == "static" else "10.77.0.2"
+
+
+@pytest.mark.parametrize("ipam", ["custom-dir", "static"])
+def test_a_live_allocation_of_another_network_keeps_its_native_dnat(native, ipam):
+    """portmap's native rules name no network: a container they name with no reservation where the swept
+    network keeps its own is not that network's unless their addresses are in its subnets. Neither the orphan
+    sweep nor an ADD that maps the same host port removes the live allocation's DNAT on another network."""
+    sb = native
+    other, address = other_network(sb, ipam, masq=False)
+    live = unique("other-live-")
+    ips = ips_of(sb.driver("add", live, sb.container(), ("8085:80/tcp",), other))
+    assert ips == [address]
+    rules = native_of(sb, live)
+    assert [r for r in rules if "dnat to" in r], rules
+    reaper = sb.native_conflist()
+    applied = operator(sb, reaper, "sweep", "--orphans", "--apply")
+    assert applied.returncode in (0, 6), applied.stdout + applied.stderr
+    assert native_of(sb, live) == rules, "the orphan sweep removed a live allocation's rules on another network"
+    new = unique("new-")
+    ips_of(sb.driver("add", new, sb.container(), ("8085:80/tcp",), reaper))
+    assert native_of(sb, live) == rules, "an ADD mapping the same port removed a live allocation's rules"
+    lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
+    assert any(l["msg"].startswith("host port also mapped") and l.get("mappedBy") == live for l in lines), lines[-5:]
+
+
+def test_a_container_leaked_on_the_swept_network_keeps_its_live_dnat_on_another(native):
+    """One container ID on two networks: a #6385 leak of its native masquerade on the swept network (dead:
+    no reservation names it there) and a live attachment on another network (host-local in a directory of its
+    own) mapping a host port. The leak goes; the other network's DNAT is not taken for the leak's."""
+    sb = native
+    plain, reaper = sb.native_conflist(without_reaper=True), sb.native_conflist()
+    other, _ = other_network(sb, "custom-dir")
+    cid = unique("two-nets-")
+    first = sb.container()
+    ips_of(sb.driver("add", cid, first, (), plain))
+    sb.remove_container(first)
+    assert any(sb.driver("del", cid, first, (), plain).returncode == 0 for _ in range(3))
+    leaked = [r for r in native_of(sb, cid) if "masquerade" in r]
+    assert leaked, "bridge's native masquerade did not leak"
+    ips_of(sb.driver("add", cid, sb.container(), ("8085:80/tcp",), other))
+    dnat = [r for r in native_of(sb, cid) if "dnat to" in r]
+    assert dnat
+    applied = operator(sb, reaper, "sweep", "--orphans", "--apply")
+    assert applied.returncode in (0, 6), applied.stdout + applied.stderr
+    now = native_of(sb, cid)
+    assert [r for r in dnat if r not in now] == [], applied.stdout + applied.stderr
+    assert not [r for r in leaked if r in now], "the leak on the swept network stayed"
+
+
+def test_an_in_flight_add_of_a_network_whose_ipam_changed_keeps_its_rules(sb):
+    """The records saw host-local keep the network; its conflist now gives static addresses. An ADD in flight
+    under the new conflist holds no reservation, and its rules are not proven dead by the old directory."""
+    reaper = sb.conflist()
+    recorded = unique("recorded-")
+    ips_of(sb.driver("add", recorded, sb.container(), ("8086:80/tcp",), reaper))
+    data = json.loads(reaper.read_text())
+    for p in data["plugins"]:
+        if p["type"] == "bridge":
+            p["ipam"] = {"type": "static", "addresses": [{"address": "172.26.64.200/20"}]}
+    static = sb.root / "static.conflist"
+    static.write_text(json.dumps(data))
+    stalled, stall_dir = add_stall_plugin(sb, static)
+    flying = unique("flying-")
+    netns = sb.container()
+    held = Held(sb, stalled, stall_dir, flying, netns, ("8087:80/tcp",))
+    held.wait()
+    forming = sb.residue(NETWORK, flying, ["172.26.64.200"])
+    assert forming
+    swept = operator(sb, static, "sweep", "--orphans", "--apply")
+    assert swept.returncode in (0, 6), swept.stdout + swept.stderr
+    now = sb.tables()
+    assert [l for l in forming if l not in now] == [], "a rule of the ADD in flight was removed"
+    done = held.release()
+    assert done.returncode == 0, done.stderr
+    assert sb.reach(netns, HOST_IP, 8087, "FLYING") == "FLYING"
+
+
+def test_a_late_del_after_a_boot_of_an_allocation_from_before_installation_spares_its_addresss_new_holder(sb):
+    """An allocation made before installation dies with the host; the boot empties host-local's directory
+    (a tmpfs, Nomad 1.9.4+) and restores the rules. The first ADD after the boot takes its address again; the
+    dead one's late DEL (libcni hands the firewall plugin its cached result) must not remove the new holder's
+    rules: that ADD made libcni's cache forget the dead addresses."""
+    plain, reaper = sb.conflist(without_reaper=True), sb.conflist()
+    old = unique("before-")
+    old_netns = sb.container()
+    old_ips = ips_of(sb.driver("add", old, old_netns, ("8088:80/tcp",), plain))
+    sb.reboot(tmpfs_dirs=("networks",))
+    new = unique("after-boot-")
+    netns = sb.container()
+    new_ips = ips_of(sb.driver("add", new, netns, ("8089:80/tcp",), reaper, args=("IgnoreUnknown=1", f"IP={old_ips[0]}")))
+    assert new_ips == old_ips
+    forward = [l for l in sb.residue(NETWORK, new, new_ips) if l.startswith("-A CNI-FORWARD")]
+    assert forward
+    late = sb.driver("del", old, old_netns, ("8088:80/tcp",), reaper)
+    assert late.returncode == 0, late.stderr
+    now = sb.tables()
+    assert [l for l in forward if l not in now] == [], "the late DEL removed the new holder's firewall rules"
+    assert {ip: o for ip, o in sb.reservations(NETWORK).items() if o == new} == {new_ips[0]: new}
+    assert sb.reach(netns, HOST_IP, 8089, "NEW") == "NEW"

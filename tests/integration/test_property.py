@@ -4,11 +4,12 @@ with the reference plugins 1.9 and cni-reaper chained last, in a small address r
 reused. Steps: ADD of a new allocation, DEL, an allocation that dies without DEL, the late DEL of a dead one,
 allocations made through the reference chain alone as before cni-reaper was installed (live ones, and the
 classic leaks whose DEL succeeded: one deleted without its port mappings, one deleted after its netns was
-removed; no record, no libcni cache entry), CHECK, the recreate after a failed CHECK (netns destroyed and made again at the same path, ADD, no DEL),
+removed; no record, no libcni cache entry; each a step of its own: no call of cni-reaper runs beside what
+was done before it was installed), CHECK, the recreate after a failed CHECK (netns destroyed and made again at the same path, ADD, no DEL),
 STATUS, `sweep --apply`, `sweep --apply --orphans` (with the network's conflist: host-local's word on the
 leaks), GC (libcni 1.3's, with the live allocations as the valid
 list), a reboot (every netns gone, host-local's directory emptied as a tmpfs is, the rules restored, a new
-boot id) and allocations restored at their old paths.
+boot id; the step after it is one ADD, as below) and allocations restored at their old paths.
 
 After every step: every live allocation's rules (every table, native nftables too) and reservation are
 exactly what the reference plugins made for it; every ADD that the reference plugins alone would accept (a
@@ -62,6 +63,7 @@ class Walk:
         self.errors: list[str] = []  # what failed in the last step, allowed or not
         self.lock = threading.Lock()
         self.conf_dir = sb.root / "net.d"  # the network's conflist, as on the client: the CLI reads it
+        self.booted = False  # a reboot was the last step
 
     # -- what the plugins made, and what is there now ---------------------------------------------------
     def lines(self, a: Alloc, tables: str | None = None) -> tuple[list[str], dict[str, str]]:
@@ -191,6 +193,7 @@ class Walk:
             self.dead.clear()
 
     def reboot(self) -> None:
+        self.booted = True
         self.sb.reboot(tmpfs_dirs=("networks",))
         self.dead.update(self.live)
         self.live.clear()
@@ -201,8 +204,8 @@ class Walk:
 
     # -- one step: up to three of these at once -------------------------------------------------------------
     KINDS: ClassVar = ("add", "del", "kill", "late", "check", "recreate", "restore", "status", "sweep", "orphans",
-                       "plain", "leak")
-    WEIGHTS: ClassVar = (20, 8, 8, 5, 5, 5, 6, 6, 3, 5, 3, 4)
+                       "plain")
+    WEIGHTS: ClassVar = (20, 8, 8, 5, 5, 5, 6, 6, 3, 5, 3)
 
     def step(self) -> list[str]:
         alone = self.rng.random()
@@ -211,7 +214,16 @@ class Walk:
         if alone < 0.03:  # the runtime's GC runs when none of its ADDs and DELs does (CNI spec)
             return self.run([("gc", self.gc)])
         batch = Batch(self)
-        for _ in range(self.rng.choice([1, 2, 2, 3])):
+        if self.booted:
+            # the first step after a boot is one ADD: a boot empties host-local's directory, so the next ADD
+            # may take a dead attachment's address before any cni-reaper call could make libcni's cache forget
+            # it, and a late DEL of that attachment beside it (whose firewall plugin deletes the rules of every
+            # cached address) is a race no plugin of the chain sees: the first ADD does (verbs/add.py)
+            self.booted = False
+            batch.add("add")
+        elif alone < 0.06:  # made and deleted before installation: no call of cni-reaper runs beside it
+            batch.add("leak")
+        for _ in range(self.rng.choice([1, 2, 2, 3]) if not batch.jobs else 0):
             batch.add(self.rng.choices(self.KINDS, weights=self.WEIGHTS)[0])
         self.errors = []
         names = self.run(batch.jobs)

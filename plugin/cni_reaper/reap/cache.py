@@ -170,6 +170,21 @@ class Results:
             os.close(fd)
         return list(zip(mine, found))
 
+    def of_network(self, network: str) -> list[Cached]:
+        """Every readable entry of `network` (by its content; the file name starts with the network's)."""
+        names = [n for n in self.names or [] if n.startswith(f"{network}-")]
+        if not names:
+            return []
+        try:
+            fd = os.open(results_dir(self.cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return []
+        try:
+            found = [_read(fd, n) for n in names]
+        finally:
+            os.close(fd)
+        return [e for e in found if e is not None and e.network == network]
+
     def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Cached] | None:
         """The cached results of this attachment (any ifname when "") that name one of the `released`
         addresses: what forget() must rewrite. None when its own entry is there and cannot be read (too

@@ -35,6 +35,36 @@ class Reservation:
         return f"{self.data_dir}/{self.network}/{self.ip} ({self.owner[0]} {self.owner[1]})"
 
 
+class Keeping:
+    """Where host-local keeps one network's addresses (`data_dir`, "" not known) and the subnets it gives them
+    from (`subnets`, CIDR strings), as its current conflist says or an ADD's own reserved address shows: only an
+    address inside them can be taken for that network's when nothing else names its network."""
+
+    __slots__ = ("data_dir", "subnets")
+
+    def __init__(self, data_dir: str = "", subnets: Iterable[str] = ()) -> None:
+        self.data_dir, self.subnets = data_dir, tuple(subnets)
+
+    def __repr__(self) -> str:
+        return f"Keeping({self.data_dir!r}, {self.subnets!r})"
+
+    def covers(self, addresses: Iterable[str]) -> bool:
+        """Whether every one of `addresses` (at least one) lies in one of the subnets."""
+        import ipaddress
+
+        nets = []
+        for s in self.subnets:
+            try:
+                nets.append(ipaddress.ip_network(s, strict=False))
+            except ValueError:
+                continue
+        found = list(addresses)
+        try:
+            return bool(found) and all(any(ipaddress.ip_address(a) in n for n in nets) for a in found)
+        except ValueError:
+            return False
+
+
 class NetworkDir:
     """One network's reservation directory, opened once (None `fd`: there is none)."""
 

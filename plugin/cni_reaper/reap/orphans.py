@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from cni_reaper.reap.evidence import View
     from cni_reaper.reap.holders import HostPort, Mapping
+    from cni_reaper.reap.hostlocal import Keeping
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
 
@@ -55,12 +56,10 @@ def tagged(backend: str) -> dict[tuple[str, str], set[str]]:
             continue  # no ip6tables: no IPv6 rules
         for owner, addresses in tagged_networks(b.read(family)).items():
             found.setdefault(owner, set()).update(addresses)
-    networks: dict[str, list[str]] = {}
-    for network, cid in found:
-        networks.setdefault(cid, []).append(network)
-    for cid, addresses in hostport_owners(rules).items():  # portmap's native rules name no network
-        for network in networks.get(cid, [UNNAMED]):
-            found.setdefault((network, cid), set()).update(addresses)
+    for cid, addresses in hostport_owners(rules).items():  # portmap's native rules name no network: an address
+        for ip in addresses:  # goes with the one network whose tags of the container name it, else none
+            nets = [n for (n, c), tagged_ips in found.items() if c == cid and n != UNNAMED and ip in tagged_ips]
+            found.setdefault((nets[0] if len(nets) == 1 else UNNAMED, cid), set()).add(ip)
     return found
 
 
@@ -75,18 +74,22 @@ def _tags(backend: str) -> dict[tuple[str, str], set[str]] | None:
 
 
 def proven_dead(conf: Any, recorded: dict[tuple[str, str], set[str]], view: View, only_network: str | None = None,
-                reserved_in: str = "") -> list[Target]:
+                keeping: Keeping | None = None) -> list[Target]:
     """Tagged attachments with no record that libcni's cache (conf.cniCacheDir) proves dead, or, with no cache
-    entry, that host-local may prove dead under its locks (`reserved_in`: the data dir host-local keeps
-    `only_network` in, as its conflist says; "" when not known: then they are unknown); and of recorded ones
+    entry, that host-local may prove dead under its locks (`keeping`: where host-local keeps `only_network`, as
+    its conflist says; None or no data dir when not known: then they are unknown); and of recorded ones
     (`recorded`: (network, container ID) -> the addresses of its lives), the tagged rules of addresses no
     recorded life has (unrecorded_sources)."""
     found = _tags(conf.backend)
     if found is None:
         return []
+    from cni_reaper.reap.hostlocal import Keeping
+
+    keeping = keeping or Keeping()
+    reserved_in = keeping.data_dir
     out = []
     for (tagged_as, cid), addresses in sorted(found.items()):
-        network = named(tagged_as, cid, only_network or "", reserved_in, view)
+        network = named(tagged_as, cid, addresses, only_network or "", keeping, view)
         if not network or (only_network and network != only_network):
             continue
         if (network, cid) in recorded:
@@ -113,19 +116,25 @@ def unrecorded_sources(conf: Any, network: str, cid: str, addresses: set[str], r
                   backend=conf.backend, cache_dir=conf.cniCacheDir)
 
 
-def named(network: str, cid: str, own: str, reserved_in: str, view: View) -> str:
+def named(network: str, cid: str, addresses: set[str], own: str, keeping: Keeping, view: View) -> str:
     """The network of a tagged attachment: its tags' own; for one only portmap's native rules name, `own`
-    (the network swept, whose reservations are kept in `reserved_in`) when no reservation in another network
-    names the container (else "": not known, noted)."""
+    (the network swept, kept by host-local as `keeping` says) when every address those rules send to lies in
+    its subnets and no reservation in another network names the container (else "": not known, noted). A
+    network of static IPAM or with a data directory of its own keeps no reservation where this looks: the
+    subnets are what tells its rules from the swept network's."""
     if network != UNNAMED:
         return network
     from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
     from cni_reaper.reap.hostlocal import reserved_elsewhere
 
-    if own and reserved_in and not reserved_elsewhere([reserved_in, *DEFAULT_IPAM_DIRS], cid, own):
-        return own
-    view.note("native hostport rules whose network cannot be told (a reservation names their container elsewhere)")
-    return ""
+    if not (own and keeping.data_dir and keeping.covers(addresses)):
+        view.note("native hostport rules whose network cannot be told (their addresses are outside the swept "
+                  "network's subnets, or its host-local is not known)")
+        return ""
+    if reserved_elsewhere([keeping.data_dir, *DEFAULT_IPAM_DIRS], cid, own):
+        view.note("native hostport rules whose network cannot be told (a reservation names their container elsewhere)")
+        return ""
+    return own
 
 
 def judged(conf: Any, network: str, cid: str, addresses: set[str], view: View, reserved_in: str) -> Target | None:
@@ -156,6 +165,30 @@ def judged(conf: Any, network: str, cid: str, addresses: set[str], view: View, r
             expect[ip] = Expect(conf.ipamDataDir, (cid, e.ifname), not_after=e.mtime)
     return Target(network, cid, "", frozenset(expect), whole=True, any_source=True, expect=expect,
                   backend=conf.backend, cache_dir=conf.cniCacheDir)
+
+
+def cached_dead(conf: Any, recorded: set[tuple[str, str]], view: View) -> list[Target]:
+    """The attachments of conf's network that libcni caches, that have no record and that their cache entries
+    prove dead (evidence.judge_cached): a target of their cached addresses' reservations alone. Its clean-up
+    makes libcni's cached results forget those addresses (and removes a reservation of theirs that is still
+    there), so that a late DEL of them hands the firewall plugin no address that a new allocation holds: a boot
+    that emptied host-local's directory gives their addresses again with no release anyone saw. Their rules
+    are the orphan sweep's (they are found by their tags)."""
+    from cni_reaper.reap.targets import Expect, Target
+
+    by_container: dict[str, list[cache.Cached]] = {}
+    for e in cache.Results(conf.cniCacheDir).of_network(conf.name):
+        by_container.setdefault(e.container_id, []).append(e)
+    out = []
+    for cid, entries in sorted(by_container.items()):
+        if not cid or (conf.name, cid) in recorded or not any(e.ips for e in entries):
+            continue
+        if judge_cached(entries, view)[0] != DEAD:
+            continue
+        expect = {ip: Expect(conf.ipamDataDir, (cid, e.ifname), not_after=e.mtime) for e in entries for ip in e.ips}
+        out.append(Target(conf.name, cid, "", frozenset(expect), whole=False, parts=frozenset({"reservation"}),
+                          expect=expect, backend=conf.backend, cache_dir=conf.cniCacheDir))
+    return out
 
 
 def not_valid(conf: Any, recorded: set[tuple[str, str]], valid: Callable[[str], bool]) -> list[Target]:
@@ -203,11 +236,11 @@ class Shadows:
 
 
 def shadowing(conf: Any, cid: str, ports: set[HostPort], families: set[int], recorded: Callable[[], set[tuple[str, str]]],
-              reserved_in: str, view: View) -> Shadows:
+              keeping: Keeping, view: View) -> Shadows:
     """The DNAT of other containers that maps one of `ports` (the ADD's, of container `cid`): one read of the
     hostport chains of its backend's `families` and of the native hostport tables. The conflict is a reason to
     look, never proof: each owner is judged as any attachment is (its record, libcni's cache, host-local,
-    whose directory `reserved_in` is where the ADD's own address was reserved: "" none)."""
+    as `keeping` says: where the ADD's own address was reserved and its subnets; no data dir: none)."""
     from cni_reaper.reap.holders import mapped_now
 
     out = Shadows()
@@ -219,28 +252,39 @@ def shadowing(conf: Any, cid: str, ports: set[HostPort], families: set[int], rec
     out.clashes = [m for p in sorted(ports, key=str) for m in pm.others(p, cid)]
     if not out.clashes:
         return out
-    out.targets = _owners_judged(conf, out.clashes, recorded(), reserved_in, view)
+    out.targets = _owners_judged(conf, out.clashes, recorded(), keeping, view)
     return out
 
 
-def _owners_judged(conf: Any, clashes: list[Mapping], known: set[tuple[str, str]], reserved_in: str,
+def _owners_judged(conf: Any, clashes: list[Mapping], known: set[tuple[str, str]], keeping: Keeping,
                    view: View) -> list[Target]:
     """The targets of the clashing owners that have no record and that libcni's cache or host-local may prove
     dead (an owner with a record is judged by its record; one whose network cannot be told is left)."""
     tags = _tags(conf.backend) or {}
-    networks = {c: n for (n, c) in tags}
     out = []
     for other in sorted({m.container_id for m in clashes if m.container_id}):
-        tagged_as = next((m.network for m in clashes if m.container_id == other and m.network),
-                         networks.get(other, UNNAMED))
-        network = named(tagged_as, other, conf.name, reserved_in, view)
+        tagged_as = _tagged_as(other, clashes, tags)
+        if tagged_as is None:
+            view.note(f"the DNAT of {other} is tagged in more than one network: which one maps the port is not known")
+            continue
+        addresses = tags.get((tagged_as, other), set())
+        network = named(tagged_as, other, addresses, conf.name, keeping, view)
         if not network or (network, other) in known:
             continue
-        t = judged(conf, network, other, tags.get((tagged_as, other), set()), view,
-                   reserved_in if network == conf.name else "")
+        t = judged(conf, network, other, addresses, view, keeping.data_dir if network == conf.name else "")
         if t is not None:
             out.append(t)
     return out
+
+
+def _tagged_as(cid: str, clashes: list[Mapping], tags: dict[tuple[str, str], set[str]]) -> str | None:
+    """The network the clashing DNAT of `cid` is tagged in: its iptables rules' own, or for native rules the
+    one tagged() put their addresses with (UNNAMED: none); None when more than one."""
+    nets = {m.network for m in clashes if m.container_id == cid and m.network}
+    if not nets:
+        nets = {n for (n, c) in tags if c == cid}
+        nets = {UNNAMED} if UNNAMED in nets or not nets else nets
+    return next(iter(nets)) if len(nets) == 1 else None
 
 
 def report(shadows: Shadows, outcome: Outcome | None, cid: str) -> None:

@@ -6,6 +6,8 @@
   changes, durably: if it were lost, a network in observe mode would be cleaned by others' sweeps.
 - `.wrapped`: the networks a wrapper (wrap mode) has served: the settings file's top-level mode is theirs
   (`resolved`), and only theirs.
+- `.booted`: for each network, the boot in which an ADD of it last looked at libcni's cached attachments that
+  have no record (verbs/add.py: once per boot, the first ADD does).
 - `.observed`: for each attachment that observe mode would clean, a digest of what it would remove, so that
   its "would remove" log line and counters come once per attachment and change, not once per call.
 """
@@ -131,3 +133,22 @@ def file_of(conf: Any) -> Any:
     from cni_reaper.cni import settings_file as settings
 
     return settings.load(os.environ) if settings.exists(os.environ) else None
+
+
+BOOTED = ".booted"
+
+
+def first_of_boot(store: Store, network: str, boot: str | None) -> bool:
+    """Whether no call of `network` has noted boot `boot` yet (the caller holds the lock); notes it. An
+    unknown boot, or a file that cannot be read or written, is never a first (nothing is noted)."""
+    if not boot:
+        return False
+    seen = _load(store, BOOTED)
+    if seen is None or seen.get(network) == boot:
+        return False
+    seen[network] = boot
+    try:
+        store.dir.write(BOOTED, jsonio.dumps(seen).encode())
+    except OSError:
+        return False
+    return True

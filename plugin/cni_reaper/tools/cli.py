@@ -97,9 +97,11 @@ class Context:
     """One network as the CLI works on it: its configuration (conflist keys, then flags) and where it came
     from. `network` None: no conflist was found, so every network of the state directory, with the defaults."""
 
-    def __init__(self, conf, network: str | None, source: str | None, reservations_in: str = "") -> None:
+    def __init__(self, conf, network: str | None, source: str | None, keeping=None) -> None:
         self.conf, self.network, self.source = conf, network, source
-        self.reservations_in = reservations_in  # where its conflist says host-local keeps it ("" not known)
+        # where its conflist says host-local keeps it (no data dir: not known); None: a network cni-reaper wraps
+        # (Nomad's own bridge, always host-local's): where its records saw it
+        self.keeping = keeping
 
 
 def _overrides(args) -> dict:
@@ -139,7 +141,7 @@ def _settings(args):
     return s
 
 
-def _context(raw: dict, name: str | None, source: str | None, reservations_in: str = "") -> tuple[Context | None, bool]:
+def _context(raw: dict, name: str | None, source: str | None, keeping=None) -> tuple[Context | None, bool]:
     from cni_reaper.cni.conf import parse
 
     try:
@@ -149,7 +151,7 @@ def _context(raw: dict, name: str | None, source: str | None, reservations_in: s
         return None, True
     for warning in conf.warnings:
         print(f"{PLUGIN_NAME}: {source or 'flags'}: {warning}", file=sys.stderr)
-    return Context(conf, name, source, reservations_in), False
+    return Context(conf, name, source, keeping), False
 
 
 def _contexts(args, found=None) -> tuple[list[Context], bool]:
@@ -162,9 +164,9 @@ def _contexts(args, found=None) -> tuple[list[Context], bool]:
     settings = _settings(args)
     contexts, skipped = [], False
     networks = [n for n in found.networks if n.shadowed_by is None and (not args.network or n.name == args.network)]
-    runs = [({**n.raw_conf(), **overrides}, n.name, n.path, n.reservations_in()) for n in networks]
+    runs = [({**n.raw_conf(), **overrides}, n.name, n.path, n.keeping()) for n in networks]
     named = {n.name for n in networks}
-    runs += [({"name": n, **settings.for_network(n), **overrides}, n, settings.path, "") for n in sorted(settings.networks)
+    runs += [({"name": n, **settings.for_network(n), **overrides}, n, settings.path, None) for n in sorted(settings.networks)
              if n not in named and (not args.network or n == args.network)]
     for raw, name, source, reserved in runs:
         c, bad = _context(raw, name, source, reserved)
@@ -314,6 +316,7 @@ def _orphans(group: list[Context], records: list[dict], conf, network: str | Non
     """The tagged attachments of `network` with no record that libcni's cache or host-local proves dead;
     host-local's directory of the network is where its records saw it, else where its conflist says."""
     from cni_reaper.reap import orphans
+    from cni_reaper.reap.hostlocal import Keeping
     from cni_reaper.state.record import ips, network_dir
 
     recorded: dict[tuple[str, str], set[str]] = {}
@@ -321,8 +324,16 @@ def _orphans(group: list[Context], records: list[dict], conf, network: str | Non
         recorded.setdefault((r["network"], r["containerID"]), set()).update(ips(r["current"], *r["earlier"]))
     if not network:
         return orphans.proven_dead(conf, recorded, view, network)
-    conflist_dir = next((c.reservations_in for c in group if c.network == network), "")
-    return orphans.proven_dead(conf, recorded, view, network, network_dir(records, network) or conflist_dir)
+    keeping = next((c.keeping for c in group if c.network == network), Keeping())
+    seen = network_dir(records, network)
+    if keeping is None:  # wrapped: Nomad's bridge network, whose IPAM is host-local, where its records saw it
+        keeping = Keeping(seen, {f"{ip['address']}/{ip['prefix']}" for r in records if r["network"] == network
+                                 for life in (r["current"], *r["earlier"]) for ip in life["ips"]})
+    elif seen and seen != keeping.data_dir:  # the records saw host-local elsewhere than the conflist says it is now
+        view.note(f"host-local's directory of {network} is {keeping.data_dir or 'not host-local'} in its conflist, "
+                  f"{seen} in its records: its reservations prove nothing")
+        keeping = Keeping()
+    return orphans.proven_dead(conf, recorded, view, network, keeping)
 
 
 def _modes(store, group: list[Context], records: list[dict], settings) -> dict[str, str]:

@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from cni_reaper import PLUGIN_NAME, jsonio
 from cni_reaper.gojson import pick
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cni_reaper.reap.hostlocal import Keeping
+
 DEFAULT_DIRS = ("/opt/cni/config", "/etc/cni/net.d")  # Nomad's cni_config_dir default, then the CNI convention
 EXTENSIONS = (".conf", ".conflist", ".json")
 MAX_BYTES = 1 << 20
@@ -60,11 +64,24 @@ class Network:
                 out.append(d if isinstance(d, str) and d else DEFAULT_IPAM_DATA_DIR)
         return out
 
-    def reservations_in(self) -> str:
-        """Where host-local keeps every address of this network, when host-local is the chain's only IPAM
-        ("" otherwise: another IPAM keeps no reservations to show who holds what)."""
+    def keeping(self) -> Keeping:
+        """Where host-local keeps every address of this network, when host-local is the chain's only IPAM (no
+        data dir otherwise: another IPAM keeps no reservations to show who holds what), and the subnets of its
+        ranges."""
+        from cni_reaper.reap.hostlocal import Keeping
+
         dirs = self.host_local_dirs()
-        return dirs[0] if dirs and len(dirs) == len(self.ipams()) else ""
+        if not dirs or len(dirs) != len(self.ipams()):
+            return Keeping()
+        subnets = []
+        for ipam in self.ipams():
+            v = pick(ipam, ("subnet", "ranges"))
+            ranges = v.get("ranges")
+            sets: list = ranges if isinstance(ranges, list) else [[{"subnet": v.get("subnet")}]]
+            for r in (r for rs in sets if isinstance(rs, list) for r in rs if isinstance(r, dict)):
+                subnet = pick(r, ("subnet",)).get("subnet")
+                subnets += [subnet] if isinstance(subnet, str) else []
+        return Keeping(dirs[0], subnets)
 
     def raw_conf(self) -> dict:
         """cni-reaper's entry as libcni hands it over: with the list's name and cniVersion."""

@@ -54,23 +54,44 @@ def _sweep(inv: Invocation, store: Store, current: dict[str, Any]) -> None:
     """The sweep of an ADD, and for one that maps host ports a look at who else maps them (reap/orphans.py:
     the DNAT of a dead allocation with no record is removed with the rest of what it left; the log says which
     port was freed from whom, or warns when its owner is live or not known dead). Never fails the ADD."""
+    from cni_reaper.reap.evidence import View
     from cni_reaper.reap.sweep import sweep_quietly
 
+    view = View()
+    extra = _cached_dead(inv, store, view)
     ports = host_ports(inv.conf)
     if not ports:
-        sweep_quietly(store, inv.conf)
+        sweep_quietly(store, inv.conf, extra=extra, view=view)
         return
     from cni_reaper.reap import orphans
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.hostlocal import Keeping
 
-    view = View()
     try:
         families = {ip["family"] for ip in current["ips"]} or {4}
+        # host-local's word, where the ADD's own address shows it keeps the network: its dir and subnets
+        keeping = Keeping(reservation_dir(current),
+                          [f"{ip['address']}/{ip['prefix']}" for ip in current["ips"] if ip.get("reservation")])
         shadows = orphans.shadowing(inv.conf, inv.container_id, ports, families,
-                                    lambda: {e.key[:2] for e in store.entries().values()},
-                                    reservation_dir(current), view)
+                                    lambda: {e.key[:2] for e in store.entries().values()}, keeping, view)
     except Exception as exc:  # noqa: BLE001 - a look at other allocations never fails this one
         log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
         shadows = orphans.Shadows()
-    outcome = sweep_quietly(store, inv.conf, extra=shadows.targets, view=view)
+    outcome = sweep_quietly(store, inv.conf, extra=extra + shadows.targets, view=view)
     orphans.report(shadows, outcome, inv.container_id)
+
+
+def _cached_dead(inv: Invocation, store: Store, view: Any) -> list:
+    """The first ADD of its network in a boot: the attachments libcni caches with no record that their entries
+    prove dead (reap/orphans.cached_dead), whose cached addresses must be forgotten before a late DEL of them
+    meets their next holder. Never fails the ADD."""
+    from cni_reaper.state.modes import first_of_boot
+
+    try:
+        if not first_of_boot(store, inv.conf.name, view.host.boot):
+            return []
+        from cni_reaper.reap import orphans
+
+        return orphans.cached_dead(inv.conf, {e.key[:2] for e in store.entries().values()}, view)
+    except Exception as exc:  # noqa: BLE001 - a look at other attachments never fails this one
+        log.warn("libcni's cached attachments without a record were not looked at", error=f"{type(exc).__name__}: {exc}")
+        return []
