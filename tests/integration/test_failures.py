@@ -136,3 +136,22 @@ def test_iptables_nft_chains_go_in_one_nft_transaction_and_without_nft_through_r
             script = (sandbox.root / "nft-calls.in").read_text()
             assert "-f -" in calls.read_text() and "delete chain ip nat CNI-" in script, script
             assert "clean-up failed" not in err
+
+
+def test_a_hanging_nft_does_not_stall_an_add_that_maps_host_ports(sandbox):
+    """The ADD of an allocation that maps host ports reads who else maps them; an `nft` that never answers
+    leaves that unknown (a warning, nothing removed) within the read's budget, and the ADD succeeds."""
+    import time
+
+    fake = _stand_in_nft(sandbox, "sleep 600")
+    try:
+        cid, netns = unique("hang-"), sandbox.container()
+        t0 = time.monotonic()
+        proc = sandbox.driver("add", cid, netns, ("8080:80/tcp",))
+        elapsed = time.monotonic() - t0
+        assert proc.returncode == 0, proc.stderr
+        assert elapsed < 8, f"the ADD waited {elapsed:.0f}s for nft"
+    finally:
+        fake.unlink()
+    lines = [json.loads(l) for l in sandbox.log_file.read_text().splitlines()]
+    assert any(l["msg"].startswith("who else maps this allocation's host ports cannot be read") for l in lines)

@@ -259,6 +259,11 @@ def port_map() -> PortMap:
     return pm
 
 
+# how long an ADD waits for the hostport tables to be read: one that hangs (a stuck nft, a lock) leaves who else
+# maps the ports unknown (blind: nothing is removed) instead of stalling the allocation
+READ_BUDGET_SECONDS = 3
+
+
 def mapped_now(backend: str, families: set[int]) -> PortMap:
     """The host ports mapped now in the world an ADD's own portmap wrote to: the nat table of the `backend`
     setting's iptables flavour in `families` (its save tool, not python-iptables: loading libiptc costs more
@@ -286,7 +291,7 @@ def mapped_now(backend: str, families: set[int]) -> PortMap:
     tables = tuple(t for t in HOSTPORT_TABLES if (6 if t[0] == "ip6" else 4) in families)  # a family's own DNAT
     listings = [[nft.binary, *argv] for argv in nft.listings(tables)] if nft.binary else []
     try:
-        done = processes.run_all([*argvs, *listings], timeout=10)
+        done = processes.run_all([*argvs, *listings], timeout=READ_BUDGET_SECONDS)
     except OSError as exc:
         pm.blind.append(f"the tables could not be read ({exc})")
         return pm
