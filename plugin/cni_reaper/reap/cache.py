@@ -158,21 +158,15 @@ class Results:
         while i < len(names) and names[i].startswith(prefix):
             mine.append(names[i])
             i += 1
-        if not mine:
-            return []
-        try:
-            fd = os.open(results_dir(self.cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return []
-        try:
-            found = [_read(fd, n) for n in mine]
-        finally:
-            os.close(fd)
-        return list(zip(mine, found))
+        return list(zip(mine, self._entries(mine)))
 
     def of_network(self, network: str) -> list[Cached]:
         """Every readable entry of `network` (by its content; the file name starts with the network's)."""
-        names = [n for n in self.names or [] if n.startswith(f"{network}-")]
+        found = self._entries([n for n in self.names or [] if n.startswith(f"{network}-")])
+        return [e for e in found if e is not None and e.network == network]
+
+    def _entries(self, names: list[str]) -> list[Cached | None]:
+        """The entries in files `names` (None: one cannot be read; none at all when the directory cannot)."""
         if not names:
             return []
         try:
@@ -180,10 +174,9 @@ class Results:
         except OSError:
             return []
         try:
-            found = [_read(fd, n) for n in names]
+            return [_read(fd, n) for n in names]
         finally:
             os.close(fd)
-        return [e for e in found if e is not None and e.network == network]
 
     def to_forget(self, network: str, container_id: str, ifname: str, released: set[str]) -> list[Cached] | None:
         """The cached results of this attachment (any ifname when "") that name one of the `released`
