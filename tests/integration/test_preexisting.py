@@ -296,23 +296,26 @@ def test_a_container_that_leaked_before_installation_and_is_added_again_can_be_d
     assert sb.residue(NETWORK, a, [*old_ips, *new_ips]) == []
 
 
-def other_network(sb, ipam: str, masq: bool = True) -> tuple[object, str]:
+def other_network(sb, ipam: str, masq: bool = True, subnet: str = "10.77.0.0/24") -> tuple[object, str]:
     """A live allocation's network beside the swept one, through the reference chain alone with the native
-    backends: its own bridge and subnet, host-local in a data directory of its own (`custom-dir`) or static
+    backends: its own bridge and `subnet`, host-local in a data directory of its own (`custom-dir`) or static
     IPAM (`static`): no reservation of it is where the swept network's are; without `masq`, no rule of it but
     portmap's names the container. Returns (conflist, address)."""
+    import ipaddress
+
+    net = ipaddress.ip_network(subnet)
     data = json.loads(sb.native_conflist(without_reaper=True).read_text())
     data["name"] = "other-net"
     for p in data["plugins"]:
         if p["type"] == "bridge":
             p["bridge"] = "cniother0"
             p["ipMasq"] = masq
-            p["ipam"] = ({"type": "static", "addresses": [{"address": "10.77.0.5/24"}]} if ipam == "static" else
-                         {"type": "host-local", "dataDir": str(sb.cni_dir / "other-dir"),
-                          "ranges": [[{"subnet": "10.77.0.0/24"}]]})
+            p["ipam"] = ({"type": "static", "addresses": [{"address": f"{net[5]}/{net.prefixlen}"}]}
+                         if ipam == "static" else
+                         {"type": "host-local", "dataDir": str(sb.cni_dir / "other-dir"), "ranges": [[{"subnet": subnet}]]})
     path = sb.root / f"other-{ipam}.conflist"
     path.write_text(json.dumps(data))
-    return path, "10.77.0.5" if ipam == "static" else "10.77.0.2"
+    return path, str(net[5] if ipam == "static" else net[2])
 
 
 @pytest.mark.parametrize("ipam", ["custom-dir", "static"])
@@ -334,6 +337,33 @@ def test_a_live_allocation_of_another_network_keeps_its_native_dnat(native, ipam
     new = unique("new-")
     ips_of(sb.driver("add", new, sb.container(), ("8085:80/tcp",), reaper))
     assert native_of(sb, live) == rules, "an ADD mapping the same port removed a live allocation's rules"
+    lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
+    assert any(l["msg"].startswith("host port also mapped") and l.get("mappedBy") == live for l in lines), lines[-5:]
+
+
+@pytest.mark.parametrize("ipam", ["custom-dir", "static"])
+def test_a_live_allocation_of_a_network_inside_the_swept_subnet_keeps_its_native_dnat(native, ipam):
+    """Another network whose subnet lies inside the swept one's (its own bridge, its own host-local directory
+    or static IPAM): its live allocation's native DNAT names an address the swept subnet holds, and no
+    reservation where the swept network keeps its own. The host's interfaces tell the networks apart (the
+    address is on the other bridge's narrower network): neither the orphan sweep nor an ADD mapping the same
+    host port touches its rules."""
+    sb = native
+    other, address = other_network(sb, ipam, masq=False, subnet="172.26.70.0/24")
+    live = unique("inside-")
+    netns = sb.container()
+    assert ips_of(sb.driver("add", live, netns, ("8085:80/tcp", "8085:80/udp"), other)) == [address]
+    rules = native_of(sb, live)
+    assert [r for r in rules if "dnat to" in r], rules
+    tables = [l for l in sb.tables() if live in l]
+    reaper = sb.native_conflist()
+    swept = operator(sb, reaper, "sweep", "--orphans", "--apply")
+    assert swept.returncode in (0, 6), swept.stdout + swept.stderr
+    assert native_of(sb, live) == rules, "the orphan sweep removed a live allocation's rules on another network"
+    new = unique("new-")
+    ips_of(sb.driver("add", new, sb.container(), ("8085:80/tcp",), reaper))
+    assert native_of(sb, live) == rules, "an ADD mapping the same port removed a live allocation's rules"
+    assert [l for l in sb.tables() if live in l] == tables
     lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
     assert any(l["msg"].startswith("host port also mapped") and l.get("mappedBy") == live for l in lines), lines[-5:]
 
@@ -412,3 +442,35 @@ def test_a_late_del_after_a_boot_of_an_allocation_from_before_installation_spare
     assert [l for l in forward if l not in now] == [], "the late DEL removed the new holder's firewall rules"
     assert {ip: o for ip, o in sb.reservations(NETWORK).items() if o == new} == {new_ips[0]: new}
     assert sb.reach(netns, HOST_IP, 8089, "NEW") == "NEW"
+
+
+def test_a_re_add_in_flight_after_a_boot_keeps_its_reservation_whatever_the_clock_said(sb):
+    """An allocation from before installation dies with the host; the boot empties host-local's directory,
+    and the clock had run ahead before it (its cache entry is dated in the future). Nomad adds it again (the
+    same ID) and that ADD is held after bridge reserved its address; meanwhile the first ADD of the boot
+    through cni-reaper makes libcni's cache forget the dead life's addresses. The re-ADD's new reservation
+    and rules stay, and it finishes and gets traffic."""
+    import os
+
+    plain, reaper = sb.conflist(without_reaper=True), sb.conflist()
+    x = unique("skewed-")
+    ips_of(sb.driver("add", x, sb.container(), ("8091:80/tcp",), plain))
+    sb.reboot(tmpfs_dirs=("networks",))
+    ahead = os.stat(sb.cni_dir).st_mtime + 86400
+    for name in cache_entries(sb, x):
+        os.utime(sb.cni_dir / "results" / name, (ahead, ahead))
+    stalled, stall_dir = add_stall_plugin(sb, reaper)
+    netns = sb.container()
+    held = Held(sb, stalled, stall_dir, x, netns, ("8091:80/tcp",))
+    held.wait()
+    forming = {ip: o for ip, o in sb.reservations(NETWORK).items() if o == x}
+    assert forming
+    rules = [l for l in sb.residue(NETWORK, x, list(forming)) if not l.startswith("reservation")]
+    first = unique("first-of-boot-")
+    ips_of(sb.driver("add", first, sb.container(), ("8092:80/tcp",), reaper))
+    assert {ip: o for ip, o in sb.reservations(NETWORK).items() if o == x} == forming, "the re-ADD's reservation went"
+    now = sb.tables()
+    assert [l for l in rules if l not in now] == [], "a rule of the re-ADD in flight was removed"
+    done = held.release()
+    assert done.returncode == 0, done.stderr
+    assert sb.reach(netns, HOST_IP, 8091, "AGAIN") == "AGAIN"

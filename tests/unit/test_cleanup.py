@@ -283,3 +283,29 @@ def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(m
     item = {"kind": "nft", "family": "ip", "table": "cni_hostport", "chain": "hostports", "rule": rule, "what": "x"}
     undo._native([Removed({"id": "e"}, 0, item)], Nobody(), PortMap(), undo.Report(), dry_run=False)
     assert added == [{k: v for k, v in rule.items() if k != "handle"}]
+
+
+def test_a_cached_result_rewritten_by_libcni_since_it_was_read_is_not_written_over(tmp_path):
+    """libcni rewrites an entry in place when the same attachment is added again: forgetting a dead life's
+    addresses in what was read before must not put the old result back over the new one."""
+    import json
+    import os
+
+    from cni_reaper.reap import cache
+
+    results = tmp_path / "cache" / "results"
+    results.mkdir(parents=True)
+    entry = results / "nomad-abc-eth0"
+    old = {"kind": "cniCacheV1", "containerId": "abc", "ifName": "eth0", "networkName": "nomad",
+           "result": {"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.2/24"}]}}
+    entry.write_text(json.dumps(old))
+    os.utime(entry, ns=(1_000_000_000, 1_000_000_000))
+    read = cache.Results(str(tmp_path / "cache")).of_network("nomad")
+    assert [e.ips for e in read] == [["10.1.0.2"]]
+    new = dict(old, result={"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.2/24"}, {"address": "10.1.0.9/24"}]})
+    entry.write_text(json.dumps(new))  # in place, as libcni writes it
+    assert cache.forget(str(tmp_path / "cache"), [(read[0], {"10.1.0.2"})]) == [False]
+    assert json.loads(entry.read_text()) == new
+    read = cache.Results(str(tmp_path / "cache")).of_network("nomad")
+    assert cache.forget(str(tmp_path / "cache"), [(read[0], {"10.1.0.2"})]) == [True]
+    assert [e.ips for e in cache.Results(str(tmp_path / "cache")).of_network("nomad")] == [["10.1.0.9"]]

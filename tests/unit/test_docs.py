@@ -13,7 +13,7 @@ NAMED = re.compile(r"(?<![\w/.$-])((?:plugin|tests|scripts|conflist|build|docs|r
                    r"testkit|integration|unit|\.ci)/[\w./-]*[\w])")
 TEST_FILE = re.compile(r"(?<![\w/.-])(test_\w+\.py)\b")
 WHERE = [REPO, REPO / "plugin" / "cni_reaper", REPO / "tests", REPO / "tests" / "integration", REPO / "tests" / "unit"]
-NOT_OURS = ("wrap/portmap", "build/work/", "cni/nomad-reaper")  # made by builds or installs; a Nomad network mode
+NOT_OURS = ("wrap/portmap", "build/work", "cni/nomad-reaper")  # made by builds or installs; a Nomad network mode
 
 
 def named(text: str) -> set[str]:

@@ -78,3 +78,24 @@ def test_a_link_that_cannot_be_looked_at_is_unseen_never_gone(monkeypatch):
     with pytest.raises(probes.Unseen):
         probes.link_index("veth1")
     assert not probes.veth_gone("veth1")
+
+
+def test_a_damaged_boots_file_is_written_anew_and_the_first_call_of_a_boot_still_seen(tmp_path):
+    """The first ADD of a boot makes libcni's cache forget dead addresses (orphans.cached_dead): a boots file
+    that cannot be read must not turn that off for good."""
+    from cni_reaper.state.store import Store
+
+    store = Store(str(tmp_path / "state"), 1).open()
+    try:
+        booted = tmp_path / "state" / modes.BOOTED
+        booted.write_text("\x00garbage")
+        assert modes.first_of_boot(store, "nomad", "boot-1")
+        assert not modes.first_of_boot(store, "nomad", "boot-1")
+        assert modes.first_of_boot(store, "other", "boot-1")
+        assert modes.first_of_boot(store, "nomad", "boot-2")
+        booted.unlink()
+        os.mkfifo(booted)
+        assert modes.first_of_boot(store, "nomad", "boot-3")  # never blocks on a FIFO, and replaces it
+        assert booted.is_file()
+    finally:
+        store.close()

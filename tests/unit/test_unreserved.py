@@ -85,3 +85,27 @@ def test_a_reservation_that_cannot_be_read_holds_its_address_and_the_network_for
         assert "cannot be read" in claims.why_kept(dead, "10.0.0.6")
     finally:
         d.close()
+
+
+def test_an_address_is_the_swept_networks_only_on_its_interface_alone():
+    """Keeping.covers with the host's interfaces: an address of the swept subnet is taken for the swept
+    network's only when the one interface that holds it is on that very subnet."""
+    import ipaddress
+
+    from cni_reaper.reap.hostlocal import Keeping
+    from cni_reaper.reap.probes import OnLink
+
+    def on(index, net, bridge=True):
+        return OnLink(index, bridge, ipaddress.ip_network(net))
+
+    k = Keeping("/var/lib/cni/networks", ["172.26.64.0/20", "fd00:a::/64"])
+    swept, eth0 = on(5, "172.26.64.0/20"), on(2, "172.16.0.0/12", bridge=False)
+    assert k.covers(["172.26.70.2"], [swept, eth0])  # a host network around it that is no bridge: not another's
+    assert not k.covers(["172.26.70.2"], [swept, on(7, "172.26.70.0/24")])  # another network inside
+    assert not k.covers(["172.26.70.2"], [swept, on(7, "172.26.64.0/20")])  # the same subnet on another bridge
+    assert not k.covers(["172.26.70.2"], [swept, on(7, "172.26.0.0/16")])  # another bridge around it
+    assert not k.covers(["172.26.70.2"], [])  # no interface holds it (no gateway): not known
+    assert not k.covers(["172.26.70.2"], [on(7, "172.26.70.0/24")])
+    assert k.covers(["172.26.64.9", "fd00:a::9"], [swept, on(5, "fd00:a::/64")])
+    assert not k.covers(["fd00:a::9"], [swept])
+    assert k.covers(["172.26.70.2"]) and not k.covers(["10.0.0.1"]) and not k.covers([])

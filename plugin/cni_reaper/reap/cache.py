@@ -11,6 +11,7 @@ of a dead attachment"): the released addresses are taken out of the cached resul
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -165,6 +166,16 @@ class Results:
         found = self._entries([n for n in self.names or [] if n.startswith(f"{network}-")])
         return [e for e in found if e is not None and e.network == network]
 
+    def of_container(self, container_id: str) -> list[Cached] | None:
+        """Every entry of `container_id`, any network (by its content; the file name holds the ID); None when
+        one that may be of it cannot be read, or the directory cannot."""
+        if self.names is None:
+            return None
+        found = self._entries([n for n in self.names if f"-{container_id}-" in n])
+        if any(e is None for e in found):
+            return None
+        return [e for e in found if e is not None and e.container_id == container_id]
+
     def _entries(self, names: list[str]) -> list[Cached | None]:
         """The entries in files `names` (None: one cannot be read; none at all when the directory cannot)."""
         if not names:
@@ -232,13 +243,15 @@ def _rewrite(dfd: int, e: Cached, released: set[str]) -> bool:
     doc = dict(e.doc)
     result = without(result_of(doc), released)
     doc["result"] = jsonio.dumps(result) if isinstance(doc.get("result"), str) else result
-    return _replace(dfd, e.name, jsonio.dumps(doc).encode())
+    return _replace(dfd, e.name, jsonio.dumps(doc).encode(), was=e)
 
 
-def _replace(dfd: int, name: str, data: bytes, mode: int | None = None) -> bool:
+def _replace(dfd: int, name: str, data: bytes, mode: int | None = None, was: Cached | None = None) -> bool:
     """Replace entry `name` of the open results directory atomically: the new content is written beside the
     directory (libcni 1.3 reads every file in it as an attachment), never blocking (files.open_regular), with
-    the entry's mode, and renamed over it. False when it could not be (nothing changed then)."""
+    the entry's mode, and renamed over it. With `was`, only while the entry is still the one read (libcni
+    rewrites an entry in place when the same attachment is added again: that new entry is never written
+    over). False when it could not be (nothing changed then)."""
     tmp = f".cni-reaper.{name}.{os.getpid()}"
     try:
         pfd = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
@@ -255,6 +268,8 @@ def _replace(dfd: int, name: str, data: bytes, mode: int | None = None) -> bool:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if was is not None and not _unchanged(dfd, was):
+            raise FileExistsError(errno.EEXIST, "rewritten since it was read")
         os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=dfd)  # the directory is made durable by forget()
         return True
     except OSError:
@@ -265,6 +280,15 @@ def _replace(dfd: int, name: str, data: bytes, mode: int | None = None) -> bool:
         return False
     finally:
         os.close(pfd)
+
+
+def _unchanged(dfd: int, e: Cached) -> bool:
+    """Whether entry `e`'s file has the modification time and size it was read with."""
+    try:
+        st = os.stat(e.name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return False
+    return st.st_mtime_ns == e.mtime and st.st_size == len(e.text.encode("utf-8", "surrogateescape"))
 
 
 def current(cache_dir: str, name: str) -> Cached | None:

@@ -15,6 +15,9 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from typing import Any
+
+    from cni_reaper.reap.probes import OnLink
 
 from cni_reaper.errors import TRY_AGAIN_LATER, CniError
 from cni_reaper.files import flock_within
@@ -48,8 +51,25 @@ class Keeping:
     def __repr__(self) -> str:
         return f"Keeping({self.data_dir!r}, {self.subnets!r})"
 
-    def covers(self, addresses: Iterable[str]) -> bool:
-        """Whether every one of `addresses` (at least one) lies in one of the subnets."""
+    def covers(self, addresses: Iterable[str], links: list[OnLink] | None = None) -> bool:
+        """Whether every one of `addresses` (at least one) lies in one of the subnets, and (with `links`, the
+        host's: probes.on_link) on one interface alone, whose network is the narrowest of those subnets that
+        holds it: no interface has a narrower network holding it (another network inside this one), no
+        other has one as narrow, and no other bridge has any (a network around this one)."""
+        import ipaddress
+
+        try:
+            ips = [ipaddress.ip_address(a) for a in addresses]
+        except ValueError:
+            return False
+        nets = self._networks()
+        for ip in ips:
+            holding = [n.prefixlen for n in nets if n.version == ip.version and ip in n]
+            if not holding or (links is not None and not _alone_on(ip, max(holding), links)):
+                return False
+        return bool(ips)
+
+    def _networks(self) -> list[Any]:
         import ipaddress
 
         nets = []
@@ -58,11 +78,14 @@ class Keeping:
                 nets.append(ipaddress.ip_network(s, strict=False))
             except ValueError:
                 continue
-        found = list(addresses)
-        try:
-            return bool(found) and all(any(ipaddress.ip_address(a) in n for n in nets) for a in found)
-        except ValueError:
-            return False
+        return nets
+
+
+def _alone_on(ip: Any, prefix: int, links: list[OnLink]) -> bool:
+    """Whether `ip` is on one interface alone, on a network of `prefix` (Keeping.covers)."""
+    on = [link for link in links if link.network.version == ip.version and ip in link.network
+          and (link.bridge or link.network.prefixlen >= prefix)]
+    return len({link.index for link in on}) == 1 and all(link.network.prefixlen == prefix for link in on)
 
 
 class NetworkDir:

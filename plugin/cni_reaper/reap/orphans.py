@@ -89,7 +89,7 @@ def proven_dead(conf: Any, recorded: dict[tuple[str, str], set[str]], view: View
     reserved_in = keeping.data_dir
     out = []
     for (tagged_as, cid), addresses in sorted(found.items()):
-        network = named(tagged_as, cid, addresses, only_network or "", keeping, view)
+        network = named(tagged_as, cid, addresses, only_network or "", keeping, view, conf.cniCacheDir)
         if not network or (only_network and network != only_network):
             continue
         if (network, cid) in recorded:
@@ -116,20 +116,32 @@ def unrecorded_sources(conf: Any, network: str, cid: str, addresses: set[str], r
                   backend=conf.backend, cache_dir=conf.cniCacheDir)
 
 
-def named(network: str, cid: str, addresses: set[str], own: str, keeping: Keeping, view: View) -> str:
+def named(network: str, cid: str, addresses: set[str], own: str, keeping: Keeping, view: View, cache_dir: str) -> str:
     """The network of a tagged attachment: its tags' own; for one only portmap's native rules name, `own`
     (the network swept, kept by host-local as `keeping` says) when every address those rules send to lies in
-    its subnets and no reservation in another network names the container (else "": not known, noted). A
-    network of static IPAM or with a data directory of its own keeps no reservation where this looks: the
-    subnets are what tells its rules from the swept network's."""
+    its subnets and on the host's interface of that subnet alone (no other network inside, beside or around
+    it: probes.on_link), and neither a reservation in another network nor libcni's cache entry of another
+    network names the container (else "": not known, noted). A network of static IPAM or with a data
+    directory of its own keeps no reservation where this looks: the subnets and the interfaces they are on
+    are what tells its rules from the swept network's."""
     if network != UNNAMED:
         return network
     from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
     from cni_reaper.reap.hostlocal import reserved_elsewhere
+    from cni_reaper.reap.probes import on_link
 
     if not (own and keeping.data_dir and keeping.covers(addresses)):
         view.note("native hostport rules whose network cannot be told (their addresses are outside the swept "
                   "network's subnets, or its host-local is not known)")
+        return ""
+    if not keeping.covers(addresses, on_link() or []):
+        view.note("native hostport rules whose network cannot be told (their addresses are not on the swept "
+                  "network's interface alone: another network's subnet holds them too)")
+        return ""
+    cached = cache.Results(cache_dir).of_container(cid)
+    if cached is None or any(e.network != own for e in cached):
+        view.note("native hostport rules whose network cannot be told (libcni caches their container on another "
+                  "network, or its cache cannot be read)")
         return ""
     if reserved_elsewhere([keeping.data_dir, *DEFAULT_IPAM_DIRS], cid, own):
         view.note("native hostport rules whose network cannot be told (a reservation names their container elsewhere)")
@@ -170,10 +182,11 @@ def judged(conf: Any, network: str, cid: str, addresses: set[str], view: View, r
 def cached_dead(conf: Any, recorded: set[tuple[str, str]], view: View) -> list[Target]:
     """The attachments of conf's network that libcni caches, that have no record and that their cache entries
     prove dead (evidence.judge_cached): a target of their cached addresses' reservations alone. Its clean-up
-    makes libcni's cached results forget those addresses (and removes a reservation of theirs that is still
-    there), so that a late DEL of them hands the firewall plugin no address that a new allocation holds: a boot
-    that emptied host-local's directory gives their addresses again with no release anyone saw. Their rules
-    are the orphan sweep's (they are found by their tags)."""
+    makes libcni's cached results forget those addresses, so that a late DEL of them hands the firewall plugin
+    no address that a new allocation holds: a boot that emptied host-local's directory gives their addresses
+    again with no release anyone saw. No reservation goes here (none is taken for theirs: a reservation
+    naming the container may be a re-ADD of it in flight, and the entry's time says nothing of it when the
+    clock moved); one left from before the boot, and their rules, are the orphan sweep's."""
     from cni_reaper.reap.targets import Expect, Target
 
     by_container: dict[str, list[cache.Cached]] = {}
@@ -185,7 +198,7 @@ def cached_dead(conf: Any, recorded: set[tuple[str, str]], view: View) -> list[T
             continue
         if judge_cached(entries, view)[0] != DEAD:
             continue
-        expect = {ip: Expect(conf.ipamDataDir, (cid, e.ifname), not_after=e.mtime) for e in entries for ip in e.ips}
+        expect = {ip: Expect(conf.ipamDataDir, (cid, e.ifname), not_after=-1) for e in entries for ip in e.ips}
         out.append(Target(conf.name, cid, "", frozenset(expect), whole=False, parts=frozenset({"reservation"}),
                           expect=expect, backend=conf.backend, cache_dir=conf.cniCacheDir))
     return out
@@ -268,7 +281,7 @@ def _owners_judged(conf: Any, clashes: list[Mapping], known: set[tuple[str, str]
             view.note(f"the DNAT of {other} is tagged in more than one network: which one maps the port is not known")
             continue
         addresses = tags.get((tagged_as, other), set())
-        network = named(tagged_as, other, addresses, conf.name, keeping, view)
+        network = named(tagged_as, other, addresses, conf.name, keeping, view, conf.cniCacheDir)
         if not network or (network, other) in known:
             continue
         t = judged(conf, network, other, addresses, view, keeping.data_dir if network == conf.name else "")

@@ -120,6 +120,44 @@ def host() -> Host:
     return _HOST[0]
 
 
+class OnLink:
+    """A network a host interface is on (one of its addresses with its prefix): the interface's index, whether
+    it is a bridge, and the network (an ipaddress network)."""
+
+    __slots__ = ("bridge", "index", "network")
+
+    def __init__(self, index: int, bridge: bool, network: Any) -> None:
+        self.index, self.bridge, self.network = index, bridge, network
+
+    def __repr__(self) -> str:
+        return f"OnLink({self.index}, {'bridge' if self.bridge else 'link'}, {self.network})"
+
+
+def on_link() -> list[OnLink] | None:
+    """The networks of every address of this network namespace's interfaces (netlink, two dumps); None when
+    they cannot be read."""
+    import ipaddress
+
+    try:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            bridges = set()
+            for link in ipr.get_links():
+                info = link.get_attr("IFLA_LINKINFO")
+                if info is not None and info.get_attr("IFLA_INFO_KIND") == "bridge":
+                    bridges.add(link["index"])
+            out = []
+            for a in ipr.get_addr():
+                ip = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
+                if ip:
+                    out.append(OnLink(a["index"], a["index"] in bridges,
+                                      ipaddress.ip_network(f"{ip}/{a['prefixlen']}", strict=False)))
+            return out
+    except Exception:  # noqa: BLE001 - netlink refused or a library fault: nothing is known
+        return None
+
+
 class Unseen(Exception):
     """A path could not be looked at (EACCES, EIO, ELOOP, ...): nothing is known of what is there. Absence
     is never assumed from a look that failed: only "no such file" (ENOENT, ENOTDIR) says nothing is there."""

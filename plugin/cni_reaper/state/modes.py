@@ -144,7 +144,12 @@ def first_of_boot(store: Store, network: str, boot: str | None) -> bool:
     if not boot:
         return False
     seen = _load(store, BOOTED)
-    if seen is None or seen.get(network) == boot:
+    if seen is None:
+        from cni_reaper import log
+
+        log.warn("the boots file cannot be read: it is written anew", file=f"{store.dir.root}/{BOOTED}")
+        seen = {}
+    if seen.get(network) == boot:
         return False
     seen[network] = boot
     try:
