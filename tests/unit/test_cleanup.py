@@ -309,3 +309,24 @@ def test_a_cached_result_rewritten_by_libcni_since_it_was_read_is_not_written_ov
     read = cache.Results(str(tmp_path / "cache")).of_network("nomad")
     assert cache.forget(str(tmp_path / "cache"), [(read[0], {"10.1.0.2"})]) == [True]
     assert [e.ips for e in cache.Results(str(tmp_path / "cache")).of_network("nomad")] == [["10.1.0.9"]]
+
+
+def test_two_dead_lives_of_one_cached_result_are_both_forgotten(tmp_path):
+    """Two targets (say a sweep's and GC's) read one entry before either rewrote it: the second rewrite takes
+    the first's output (this process's own change), so both addresses are forgotten."""
+    import json
+
+    from cni_reaper.reap import cache
+
+    results = tmp_path / "cache" / "results"
+    results.mkdir(parents=True)
+    entry = results / "nomad-abc-eth0"
+    entry.write_text(json.dumps({"kind": "cniCacheV1", "containerId": "abc", "ifName": "eth0", "networkName": "nomad",
+                                 "result": {"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.2/24"},
+                                                                           {"address": "10.1.0.3/24"},
+                                                                           {"address": "10.1.0.4/24"}]}}))
+    first = cache.Results(str(tmp_path / "cache")).of_network("nomad")[0]
+    second = cache.Results(str(tmp_path / "cache")).of_network("nomad")[0]
+    assert cache.forget(str(tmp_path / "cache"), [(first, {"10.1.0.2"})]) == [True]
+    assert cache.forget(str(tmp_path / "cache"), [(second, {"10.1.0.3"})]) == [True]
+    assert [e.ips for e in cache.Results(str(tmp_path / "cache")).of_network("nomad")] == [["10.1.0.4"]]

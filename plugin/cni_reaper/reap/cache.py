@@ -238,12 +238,35 @@ def without(result: dict[str, Any], released: set[str]) -> dict[str, Any]:
     return out
 
 
+_WRITTEN: dict[str, tuple[int, int, int, int] | None] = {}  # entry name -> the file this process last wrote there
+
+
 def _rewrite(dfd: int, e: Cached, released: set[str]) -> bool:
-    """Replace the entry atomically with its addresses `released` forgotten."""
+    """Replace the entry atomically with its addresses `released` forgotten. An entry changed since `e` was
+    read is left, unless the change is this process's own (another dead life of the entry, forgotten first):
+    then what is there now is taken."""
+    if not _unchanged(dfd, e):
+        there = _stamp(dfd, e.name)
+        now = _read(dfd, e.name) if there is not None and _WRITTEN.get(e.name) == there else None
+        if now is None or (now.network, now.container_id, now.ifname) != (e.network, e.container_id, e.ifname):
+            return False
+        e = now
     doc = dict(e.doc)
     result = without(result_of(doc), released)
     doc["result"] = jsonio.dumps(result) if isinstance(doc.get("result"), str) else result
-    return _replace(dfd, e.name, jsonio.dumps(doc).encode(), was=e)
+    if not _replace(dfd, e.name, jsonio.dumps(doc).encode(), was=e):
+        return False
+    _WRITTEN[e.name] = _stamp(dfd, e.name)
+    return True
+
+
+def _stamp(dfd: int, name: str) -> tuple[int, int, int, int] | None:
+    """A file's (device, inode, modification time, size), None when it cannot be looked at."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _replace(dfd: int, name: str, data: bytes, mode: int | None = None, was: Cached | None = None) -> bool:
@@ -284,11 +307,8 @@ def _replace(dfd: int, name: str, data: bytes, mode: int | None = None, was: Cac
 
 def _unchanged(dfd: int, e: Cached) -> bool:
     """Whether entry `e`'s file has the modification time and size it was read with."""
-    try:
-        st = os.stat(e.name, dir_fd=dfd, follow_symlinks=False)
-    except OSError:
-        return False
-    return st.st_mtime_ns == e.mtime and st.st_size == len(e.text.encode("utf-8", "surrogateescape"))
+    now = _stamp(dfd, e.name)
+    return now is not None and now[2:] == (e.mtime, len(e.text.encode("utf-8", "surrogateescape")))
 
 
 def current(cache_dir: str, name: str) -> Cached | None:
