@@ -25,16 +25,8 @@ def at_least(version: str, minimum: str) -> bool:
     return parse(version) >= parse(minimum)
 
 
-def negotiate(wanted: object, listed: object) -> str:
-    """Pick the spec version to speak, given the config's `cniVersion` and `cniVersions` (decoded by
-    gojson.pick: any key case, null = absent).
-
-    `cniVersion` wins when we support it; empty or absent means 0.1.0, as in skel. A `cniVersions` list
-    (CNI 1.1 conflists) is honoured when `cniVersion` is absent or unsupported: the highest version in
-    both lists is used.
-    """
-    if wanted == "":
-        wanted = None
+def _checked(wanted: object, listed: object) -> tuple[str | None, list[str] | None]:
+    """`cniVersion` (None: absent) and `cniVersions`, once they have the types and shapes the spec gives."""
     if wanted is not None and not isinstance(wanted, str):
         raise CniError(DECODE_FAILURE, "cniVersion must be a string", repr(wanted)[:200])
     if listed is not None and (not isinstance(listed, list) or not all(isinstance(v, str) for v in listed)):
@@ -44,15 +36,27 @@ def negotiate(wanted: object, listed: object) -> str:
             parse(wanted)
         except ValueError as exc:
             raise CniError(DECODE_FAILURE, str(exc)) from None
-        if wanted in SUPPORTED:
-            return wanted
-    if listed:
-        common = [v for v in listed if v in SUPPORTED]
+    return wanted, listed
+
+
+def negotiate(wanted: object, listed: object) -> str:
+    """Pick the spec version to speak, given the config's `cniVersion` and `cniVersions` (decoded by
+    gojson.pick: any key case, null = absent).
+
+    `cniVersion` wins when we support it; empty or absent means 0.1.0, as in skel. A `cniVersions` list
+    (CNI 1.1 conflists) is honoured when `cniVersion` is absent or unsupported: the highest version in
+    both lists is used.
+    """
+    version, versions = _checked(None if wanted == "" else wanted, listed)
+    if version is not None and version in SUPPORTED:
+        return version
+    if versions:
+        common = [v for v in versions if v in SUPPORTED]
         if common:
             return max(common, key=parse)
-    elif wanted is None:
+    elif version is None:
         return IMPLICIT
-    asked = wanted or (", ".join(listed) if listed else IMPLICIT)
+    asked = version or (", ".join(versions) if versions else IMPLICIT)
     raise CniError(
         INCOMPATIBLE_VERSION,
         "incompatible CNI versions",

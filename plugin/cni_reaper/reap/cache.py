@@ -72,11 +72,16 @@ class Cached:
         self.netns = _str(doc.get("netns")) or _str((doc.get("runtimeConfig") or {}).get("netns"))
         result = result_of(doc)
         self.ips = sorted({ip for ip in _result_ips(result)})
-        self.veths = [i["name"] for i in result.get("interfaces") or [] if isinstance(i, dict)
-                      and isinstance(i.get("name"), str) and not i.get("sandbox") and i["name"].startswith("veth")]
+        interfaces = [i for i in result.get("interfaces") or [] if isinstance(i, dict)]
+        self.veths = _host_veths(interfaces)
         if not self.netns:
-            sandboxes = [i.get("sandbox") for i in result.get("interfaces") or [] if isinstance(i, dict)]
-            self.netns = next((s for s in sandboxes if isinstance(s, str) and s), "")
+            self.netns = next((s for s in (i.get("sandbox") for i in interfaces) if isinstance(s, str) and s), "")
+
+
+def _host_veths(interfaces: list[dict[str, Any]]) -> list[str]:
+    """The names of a result's host-side veths (interfaces without a sandbox)."""
+    return [i["name"] for i in interfaces
+            if isinstance(i.get("name"), str) and not i.get("sandbox") and i["name"].startswith("veth")]
 
 
 def _str(v: Any) -> str:

@@ -18,6 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from cni_reaper.reap.cache import Cached
     from cni_reaper.reap.netfilter.domain import Domain, Plan
     from cni_reaper.state.journal import Journal
 
@@ -289,17 +290,8 @@ def _forget(targets: list[Target], outcome: Outcome, settings: Settings) -> None
     from cni_reaper.reap import cache
     from cni_reaper.state.journal import batches
 
-    listed: dict[str, cache.Results] = {}
-    jobs: list[tuple[Target, cache.Cached]] = []
     failed: dict[tuple[str, str, str], Target] = {}
-    for t in targets:
-        if t.cache_dir:
-            results = listed.get(t.cache_dir) or listed.setdefault(t.cache_dir, cache.Results(t.cache_dir))
-            found = results.to_forget(t.network, t.container_id, t.ifname, set(t.dead_ips))
-            if found is None:
-                failed[t.key] = t
-            else:
-                jobs += [(t, e) for e in found]
+    jobs = _cache_jobs(targets, failed)
     items = [{"kind": "cache", "key": list(t.key), "cacheDir": t.cache_dir, "entry": e.name, "content": e.text}
              for t, e in jobs]
     for start, end, dumped in batches(items):
@@ -325,6 +317,24 @@ def _forget(targets: list[Target], outcome: Outcome, settings: Settings) -> None
         outcome.errors.append(f"libcni's cache entry of {t.container_id} may name a dead address and cannot be read or "
                               "rewritten; its reservations are kept")
         outcome.failed.add(t.key)
+
+
+def _cache_jobs(targets: list[Target], failed: dict[tuple[str, str, str], Target]) -> list[tuple[Target, Cached]]:
+    """Each cached result (cache.Cached) that names a target's dead address, with its target; a target whose
+    own entry cannot be read goes into `failed`."""
+    from cni_reaper.reap import cache
+
+    listed: dict[str, cache.Results] = {}
+    jobs: list[tuple[Target, cache.Cached]] = []
+    for t in targets:
+        if t.cache_dir:
+            results = listed.get(t.cache_dir) or listed.setdefault(t.cache_dir, cache.Results(t.cache_dir))
+            found = results.to_forget(t.network, t.container_id, t.ifname, set(t.dead_ips))
+            if found is None:
+                failed[t.key] = t
+            else:
+                jobs += [(t, e) for e in found]
+    return jobs
 
 
 def _verify_dir(t: Target, ip: str, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome) -> None:

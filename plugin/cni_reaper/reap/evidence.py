@@ -251,21 +251,23 @@ def judge_tombstone(f: Facts, deleted_at: float, cached: bool | None, cached_now
     return WAIT, "its DEL may be in flight"
 
 
+def _cached_life(e: Any, view: View) -> tuple[str, str]:
+    """One cached life (cache.Cached): LIVE when its veth is there, else what its netns path says."""
+    if not all(probes.veth_gone(name) for name in e.veths):
+        return LIVE, f"its veth is there ({', '.join(e.veths)})"
+    if not e.netns.startswith("/"):
+        return UNKNOWN, f"its cache entry {e.name} names no netns"
+    path, why = _path_evidence(Facts(e.netns, None, None, None, None), view)
+    return (path, why) if path else (UNKNOWN, f"{why} (no record of this boot verifies it)")
+
+
 def judge_cached(entries: list[Any], view: View) -> tuple[str, str]:
     """An attachment with no record, by libcni's cache entries of it (cache.Cached): DEAD when every cached
     life's netns is gone in a verified directory and none of its veths is left; LIVE when one of them is
     there; UNKNOWN otherwise (no entry: an ADD in flight, or another runtime's)."""
     if not entries:
         return UNKNOWN, "no libcni cache entry of it (an ADD may be in flight, or it is another runtime's)"
-    verdicts = []
-    for e in entries:
-        if not all(probes.veth_gone(name) for name in e.veths):
-            return LIVE, f"its veth is there ({', '.join(e.veths)})"
-        if not e.netns.startswith("/"):
-            verdicts.append((UNKNOWN, f"its cache entry {e.name} names no netns"))
-            continue
-        path, why = _path_evidence(Facts(e.netns, None, None, None, None), view)
-        verdicts.append((path or UNKNOWN, why if path else f"{why} (no record of this boot verifies it)"))
+    verdicts = [_cached_life(e, view) for e in entries]
     if any(v == LIVE for v, _ in verdicts):
         return next((v, w) for v, w in verdicts if v == LIVE)
     if all(v == DEAD for v, _ in verdicts):

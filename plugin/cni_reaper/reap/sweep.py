@@ -280,8 +280,6 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
     """Clean what the selection's dead lives and extra targets left behind, then settle the records. The
     caller holds the state lock; `store` None: there are no records (only extra targets). `modes`: network ->
     clean or observe; what a network in observe mode would lose is planned and reported, never removed."""
-    from cni_reaper.reap.cleanup import Settings as CleanSettings
-    from cni_reaper.reap.cleanup import clean
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.state.journal import Journal
 
@@ -292,18 +290,28 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         return out
     started = time.monotonic()
     watching = {n for n, m in (modes or {}).items() if m == "observe"}
-    data_dirs = [*sel.data_dirs, *DEFAULT_IPAM_DIRS]
     journal = Journal(store) if store is not None and not dry_run else None
-    outcome = clean([t for t in targets if t.network not in watching], sel.holders,
-                    CleanSettings(data_dirs, conf.lockTimeout, backend_for, dry_run, journal, log.field("verb")))
-    watched = [t for t in targets if t.network in watching]
-    if watched:
-        seen = clean(watched, sel.holders, CleanSettings(data_dirs, conf.lockTimeout, backend_for, dry_run=True))
-        _observed(store if not dry_run else None, sel, seen, outcome)
+    outcome = _cleaned(store, conf.lockTimeout, sel, targets, watching, dry_run, backend_for, journal)
     _note_unproven(sel, outcome)
     outcome.unknown = dict(sel.view.blind)
     if journal is not None and store is not None:
         settle(store, sel, targets, outcome, time.monotonic() - started, watching, journal)
+    return outcome
+
+
+def _cleaned(store: Store | None, lock_timeout: float, sel: Selection, targets: list[Target], watching: set[str],
+             dry_run: bool, backend_for: Any, journal: Any) -> Outcome:
+    """Clean the targets of networks in clean mode; plan (a dry run) those of networks in observe mode."""
+    from cni_reaper.reap.cleanup import Settings as CleanSettings
+    from cni_reaper.reap.cleanup import clean
+
+    data_dirs = [*sel.data_dirs, *DEFAULT_IPAM_DIRS]
+    outcome = clean([t for t in targets if t.network not in watching], sel.holders,
+                    CleanSettings(data_dirs, lock_timeout, backend_for, dry_run, journal, log.field("verb")))
+    watched = [t for t in targets if t.network in watching]
+    if watched:
+        seen = clean(watched, sel.holders, CleanSettings(data_dirs, lock_timeout, backend_for, dry_run=True))
+        _observed(store if not dry_run else None, sel, seen, outcome)
     return outcome
 
 
@@ -424,13 +432,9 @@ def _settle_all(store: Store, due: list[tuple[Judged, list[dict[str, Any]]]], jo
     return dropped
 
 
-def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome, seconds: float,
-           watching: set[str], journal: Journal) -> None:
-    """Drop the records whose leftovers are verified gone, trim the earlier lives that were cleaned, count.
-    Records of networks in observe mode stay as they are (nothing of theirs was removed), but for finished DELs
-    that left nothing to look at."""
-    from cni_reaper.state import counters
-
+def _due(store: Store, sel: Selection, outcome: Outcome, watching: set[str]) -> list[tuple[Judged, list[dict[str, Any]]]]:
+    """The judged records to settle, each with what of it is kept (_settling): not those left for the
+    runtime, kept by the clean-up, or held by something not ours."""
     due = []
     for j in sel.judged:
         if _left_for_the_runtime(store, j, outcome, watching) or j.key in outcome.kept:
@@ -440,8 +444,18 @@ def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome
         kept = _settling(j, watching)
         if kept is not None:
             due.append((j, kept))
+    return due
+
+
+def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome, seconds: float,
+           watching: set[str], journal: Journal) -> None:
+    """Drop the records whose leftovers are verified gone, trim the earlier lives that were cleaned, count.
+    Records of networks in observe mode stay as they are (nothing of theirs was removed), but for finished DELs
+    that left nothing to look at."""
+    from cni_reaper.state import counters
+
     cleaned: dict[str, int] = {}
-    for j in _settle_all(store, due, journal):
+    for j in _settle_all(store, _due(store, sel, outcome, watching), journal):
         if j.state != DONE or j.key in outcome.removed:  # a DEL that went well is no dead attachment
             cleaned[j.key[0]] = cleaned.get(j.key[0], 0) + 1
     for t in sel.extra:  # attachments with no record (orphans, GC's): cleaned if something of theirs was

@@ -312,15 +312,20 @@ def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tup
     for group in hot["quick"]:
         host, start, end, runs, bases, ints, dig = group
         host = tuple(host)
-        if (start != at or type(end) is not int or end < start or len(host) != 4 or type(host[0]) is not str
-                or type(host[1]) is not str or type(bases) is not list or len(bases) != end - start
-                or type(ints) is not str or type(dig) is not int or not _runs_of(runs, end - start)):
+        if start != at or not _group_ok(host, end - start if type(end) is int else -1, runs, bases, ints, dig):
             raise ValueError("a group of quick entries is not one")
         flat.append((host, start, end, ([(d, k) for d, k in runs], bases), ints, dig))
         at = end
     if at + len(raw) != len(names):
         raise ValueError("the entries do not match the names")
     return by_name, names, flat, dict(zip(names[at:], raw))
+
+
+def _group_ok(host: tuple, count: int, runs: Any, bases: Any, ints: Any, dig: Any) -> bool:
+    """Whether a group of `count` quick entries has the shape first_part reads."""
+    return (count >= 0 and len(host) == 4 and type(host[0]) is str and type(host[1]) is str
+            and type(bases) is list and len(bases) == count and type(ints) is str and type(dig) is int
+            and _runs_of(runs, count))
 
 
 def _runs_of(runs: Any, count: int) -> bool:
@@ -407,6 +412,27 @@ class Entry:
                 return None
         return cls(*_values(list(v)))
 
+
+
+def _journal_changes(lines: list[bytes]) -> list[tuple[str, Entry | None]] | None:
+    """The index journal's changes (record name, its entry or None: removed); None when a line cannot be used
+    (the index is then made anew)."""
+    out: list[tuple[str, Entry | None]] = []
+    try:
+        # one parse for all of its lines (a line cut or damaged fails it all, as it would alone)
+        changes = jsonio.loads(b"[" + b",".join(lines) + b"]") if lines else []
+        if len(changes) != len(lines):  # a line holding two documents
+            raise ValueError("a journal line is not one change")
+        for name, v in changes:
+            e = None if v is None else Entry.of_list(v)
+            if (v is not None and e is None) or not isinstance(name, str) or not is_record_name(name):
+                log.warn("index journal line unusable; index made anew from the records", record=str(name)[:80])
+                return None
+            out.append((name, e))
+    except (ValueError, TypeError, RecursionError, UnicodeDecodeError):
+        log.warn("index journal does not parse; index made anew from the records")
+        return None
+    return out
 
 class Index:
     """The index of one state directory, valid while its lock is held. `inos` names every record file;
@@ -522,21 +548,10 @@ class Index:
         journal, _ = self.sd.read(JOURNAL_NAME, MAX_BYTES)
         lines = (journal or b"").splitlines()
         self._journal_lines = len(lines)
-        try:
-            # one parse for all of its lines (a line cut or damaged fails it all, as it would alone)
-            changes = jsonio.loads(b"[" + b",".join(lines) + b"]") if lines else []
-            if len(changes) != len(lines):  # a line holding two documents
-                raise ValueError("a journal line is not one change")
-            for name, v in changes:
-                e = None if v is None else Entry.of_list(v)
-                if (v is not None and e is None) or not isinstance(name, str) or not is_record_name(name):
-                    log.warn("index journal line unusable; index made anew from the records", record=str(name)[:80])
-                    return False
-                self.put(name, e)
-        except (ValueError, TypeError, RecursionError, UnicodeDecodeError):
-            log.warn("index journal does not parse; index made anew from the records")
-            return False
-        return True
+        changes = _journal_changes(lines)
+        for name, e in changes or []:
+            self.put(name, e)
+        return changes is not None
 
     def _take(self, hot: dict[str, Any], cold: bytes) -> None:
         self.inos, self._names, self._flat, self._raw = first_part(hot)

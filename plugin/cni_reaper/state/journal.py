@@ -150,10 +150,7 @@ def items(store: Store, container_id: str | None = None) -> list[Removed]:
     entries: dict[tuple[str, int], Removed] = {}
     for event in read(store):
         if event["t"] == "intent":
-            for i, item in enumerate(event.get("items") or []):
-                key = item.get("key") if isinstance(item, dict) else None
-                if isinstance(key, list) and len(key) == 3 and (container_id is None or key[1] == container_id):
-                    entries[(event["id"], i)] = Removed(event, i, item)
+            _intended(entries, event, container_id)
         elif event["t"] == "done":
             for i in event.get("removed") or []:
                 if (event["id"], i) in entries:
@@ -163,3 +160,11 @@ def items(store: Store, container_id: str | None = None) -> list[Removed]:
                 if isinstance(ref, list) and len(ref) >= 2 and (ref[0], ref[1]) in entries:
                     entries[(ref[0], ref[1])].restored = True
     return list(entries.values())
+
+
+def _intended(entries: dict[tuple[str, int], Removed], event: dict[str, Any], container_id: str | None) -> None:
+    """The items an intent names (of `container_id`, or all), into `entries`."""
+    for i, item in enumerate(event.get("items") or []):
+        key = item.get("key") if isinstance(item, dict) else None
+        if isinstance(key, list) and len(key) == 3 and (container_id is None or key[1] == container_id):
+            entries[(event["id"], i)] = Removed(event, i, item)

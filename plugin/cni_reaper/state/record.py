@@ -366,14 +366,19 @@ def _netns_id_problem(ns: Any, schema: int) -> bool:
 def _evidence_problem(inc: dict[str, Any]) -> bool:
     """Whether the schema 2 fields of a life are malformed."""
     d, host, veth = inc["netnsDir"], inc["host"], inc["veth"]
-    if d is not None and not (_keys(d, _DIR_ID) and _is_int(d["dev"]) and _is_int(d["ino"])
-                              and isinstance(d["groups"], list) and len(d["groups"]) <= 8
-                              and all(_is_int(g) for g in d["groups"])):
-        return True
-    if host is not None and not (_keys(host, _HOST) and _text(host["boot"], MAX_HOST) and _text(host["machine"], MAX_HOST)
-                                 and _is_int(host["netns"]) and _is_int(host["mnt"])):
-        return True
-    return veth is not None and not (_keys(veth, _VETH) and _text(veth["name"], MAX_LINK) and _is_int(veth["ifindex"]))
+    return ((d is not None and not _dir_ok(d)) or (host is not None and not _host_ok(host))
+            or (veth is not None and not (_keys(veth, _VETH) and _text(veth["name"], MAX_LINK)
+                                          and _is_int(veth["ifindex"]))))
+
+
+def _dir_ok(d: Any) -> bool:
+    return (_keys(d, _DIR_ID) and _is_int(d["dev"]) and _is_int(d["ino"]) and isinstance(d["groups"], list)
+            and len(d["groups"]) <= 8 and all(_is_int(g) for g in d["groups"]))
+
+
+def _host_ok(host: Any) -> bool:
+    return (_keys(host, _HOST) and _text(host["boot"], MAX_HOST) and _text(host["machine"], MAX_HOST)
+            and _is_int(host["netns"]) and _is_int(host["mnt"]))
 
 
 def _ip_problem(ip: Any, schema: int) -> bool:
@@ -413,15 +418,18 @@ def _head_problem(data: dict[str, Any], schema: int) -> str | None:
         return "network, containerID, ifname and pluginVersion must be strings"
     if not isinstance(data["earlier"], list) or len(data["earlier"]) > MAX_EARLIER:
         return f"earlier must be a list of at most {MAX_EARLIER} lives"
-    args = data["cniArgs"]
-    if not isinstance(args, dict) or len(args) > MAX_ARGS or not all(
-            isinstance(v, str) and len(k) <= MAX_ARG_KEY and len(v) <= MAX_ARG_VALUE for k, v in args.items()):
+    if not _args_ok(data["cniArgs"]):
         return "cniArgs must map strings to strings (within the limits)"
     if schema == 2:
         s = data["settings"]
         if s is not None and not (_keys(s, _SETTINGS) and all(_text(s[k]) for k in _SETTINGS)):
             return "bad settings"
     return None
+
+
+def _args_ok(args: Any) -> bool:
+    return isinstance(args, dict) and len(args) <= MAX_ARGS and all(
+        isinstance(v, str) and len(k) <= MAX_ARG_KEY and len(v) <= MAX_ARG_VALUE for k, v in args.items())
 
 
 def _tombstone_problem(dead: Any, schema: int) -> bool:

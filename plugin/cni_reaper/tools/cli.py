@@ -163,11 +163,7 @@ def _contexts(args, found=None) -> tuple[list[Context], bool]:
     overrides = _overrides(args)
     settings = _settings(args)
     contexts, skipped = [], False
-    networks = [n for n in found.networks if n.shadowed_by is None and (not args.network or n.name == args.network)]
-    runs = [({**n.raw_conf(), **overrides}, n.name, n.path, n.keeping()) for n in networks]
-    named = {n.name for n in networks}
-    runs += [({"name": n, **settings.for_network(n), **overrides}, n, settings.path, None) for n in sorted(settings.networks)
-             if n not in named and (not args.network or n == args.network)]
+    runs = _runs(args, found, overrides, settings)
     for raw, name, source, reserved in runs:
         c, bad = _context(raw, name, source, reserved)
         skipped |= bad
@@ -182,6 +178,17 @@ def _contexts(args, found=None) -> tuple[list[Context], bool]:
         if c is not None:
             contexts.append(c)
     return contexts, skipped
+
+
+def _runs(args, found, overrides: dict, settings) -> list:
+    """(the raw configuration, network, where it came from, host-local's keeping) of each network to work on:
+    the conflists' that chain cni-reaper (the first file of each name), then the settings file's others."""
+    networks = [n for n in found.networks if n.shadowed_by is None and (not args.network or n.name == args.network)]
+    runs = [({**n.raw_conf(), **overrides}, n.name, n.path, n.keeping()) for n in networks]
+    named = {n.name for n in networks}
+    runs += [({"name": n, **settings.for_network(n), **overrides}, n, settings.path, None) for n in sorted(settings.networks)
+             if n not in named and (not args.network or n == args.network)]
+    return runs
 
 
 def _by_state_dir(contexts: list[Context]) -> dict[str, list[Context]]:
@@ -238,34 +245,41 @@ def cmd_list(args) -> int:
     for state_dir, group in _by_state_dir(contexts).items():
         records = [r for r in _records(state_dir) if not args.network or r["network"] == args.network]
         states = _states(records, group, view)
-        for r in records:
-            cur = r["current"]
-            state, why = states[key(r)]
-            items.append({
-                "network": r["network"], "containerID": r["containerID"], "ifname": r["ifname"],
-                "ips": [f"{ip['address']}/{ip['prefix']}" for ip in cur["ips"]],
-                "ports": [f"{p['hostPort']}->{p['containerPort']}/{p['protocol']}" for p in cur["portMappings"]],
-                "netns": cur["netns"], "state": STATE_WORDS[state], "why": why,
-                "earlierIPs": sorted({f"{ip['address']}/{ip['prefix']}" for inc in r["earlier"] for ip in inc["ips"]}),
-                "createdAt": cur["createdAt"], "stateDir": state_dir,
-            })
+        items += [_listed(r, *states[key(r)], state_dir) for r in records]
     if args.json:
         print(json.dumps(items, indent=1))
         return EXIT_ERROR if skipped else EXIT_OK
     if not items:
         print(f"no records in {', '.join(_by_state_dir(contexts))}")
     else:
-        rows = [("NETWORK", "CONTAINER ID", "IFNAME", "IPS", "PORTS", "NETNS", "STATE")]
-        rows += [(i["network"], i["containerID"], i["ifname"], ",".join(i["ips"]) or "-",
-                  ",".join(i["ports"]) or "-", i["netns"] or "-", i["state"]) for i in items]
-        print(_table(rows))
-        for i in items:
-            if i["state"] == "unknown":
-                print(f"{i['containerID']}: cannot be judged: {i['why']}", file=sys.stderr)
-            elif i["state"] == STATE_WORDS["held"]:
-                print(f"{i['containerID']}: {i['why']}", file=sys.stderr)
+        _print_list(items)
     print(backends_line(contexts[0].conf.backend))
     return EXIT_ERROR if skipped else EXIT_OK
+
+
+def _listed(r: dict, state: str, why: str, state_dir: str) -> dict:
+    """`list`'s item of one record (its JSON form)."""
+    cur = r["current"]
+    return {
+        "network": r["network"], "containerID": r["containerID"], "ifname": r["ifname"],
+        "ips": [f"{ip['address']}/{ip['prefix']}" for ip in cur["ips"]],
+        "ports": [f"{p['hostPort']}->{p['containerPort']}/{p['protocol']}" for p in cur["portMappings"]],
+        "netns": cur["netns"], "state": STATE_WORDS[state], "why": why,
+        "earlierIPs": sorted({f"{ip['address']}/{ip['prefix']}" for inc in r["earlier"] for ip in inc["ips"]}),
+        "createdAt": cur["createdAt"], "stateDir": state_dir,
+    }
+
+
+def _print_list(items: list[dict]) -> None:
+    rows = [("NETWORK", "CONTAINER ID", "IFNAME", "IPS", "PORTS", "NETNS", "STATE")]
+    rows += [(i["network"], i["containerID"], i["ifname"], ",".join(i["ips"]) or "-",
+              ",".join(i["ports"]) or "-", i["netns"] or "-", i["state"]) for i in items]
+    print(_table(rows))
+    for i in items:
+        if i["state"] == "unknown":
+            print(f"{i['containerID']}: cannot be judged: {i['why']}", file=sys.stderr)
+        elif i["state"] == STATE_WORDS["held"]:
+            print(f"{i['containerID']}: {i['why']}", file=sys.stderr)
 
 
 def backends_line(backend: str) -> str:
@@ -387,15 +401,20 @@ def cmd_sweep(args) -> int:
                           "networks": [c.network for c in contexts if c.network]}, indent=1))
     else:
         _print_sweep(args, groups, count, total, backends)
+    return _sweep_exit(args.apply, total, count, skipped)
+
+
+def _sweep_exit(applied: bool, total, count: int, skipped: bool) -> int:
+    """`sweep`'s exit code, the worst of what it met (README, "Exit codes")."""
     if total.errors or total.unverified:
-        return EXIT_LEFT if args.apply else EXIT_ERROR
-    if total.held and args.apply:
+        return EXIT_LEFT if applied else EXIT_ERROR
+    if total.held and applied:
         return EXIT_LEFT
     if skipped:
         return EXIT_ERROR
     if total.unknown:
         return EXIT_BLIND
-    if (not args.apply and count) or total.would:
+    if (not applied and count) or total.would:
         return EXIT_FOUND
     return EXIT_OK
 
@@ -477,6 +496,27 @@ def cmd_doctor(args) -> int:
         nomad[0] if nomad else DEFAULT_CNI_PATH.split(":"))
     wrap = doctor.check_wrap(cni_path, nomad)
     findings = doctor.check_scan(found, dirs, wrapped=bool(wrap)) + wrap
+    findings += _doctor_networks(args, found, contexts, cni_path)
+    findings += _doctor_records(contexts)
+    findings += _doctor_leaks(args, contexts)
+    findings += doctor.check_iptables(contexts[0].conf.backend)
+    findings.append(doctor.check_nftables())
+    failed = any(f.status == doctor.FAIL for f in findings) or skipped
+    if args.json:
+        print(json.dumps({"ok": not failed, "findings": [f.as_dict() for f in findings]}, indent=1))
+    else:
+        for f in findings:
+            print(f.line())
+        print(doctor.summary(findings))
+    return EXIT_DOCTOR if failed else EXIT_OK
+
+
+def _doctor_networks(args, found, contexts: list[Context], cni_path: list[str]) -> list:
+    """doctor's findings of each network: its conflist (shadowed by another file of its name, the chain's
+    order and capabilities, host-local's directory, the plugins), its state directory, log file and mode."""
+    from cni_reaper.tools import doctor
+
+    findings = []
     by_name = {n.name: n for n in found.networks if n.shadowed_by is None}
     for n in found.networks:
         if n.shadowed_by is not None and (not args.network or n.name == args.network):
@@ -493,18 +533,7 @@ def cmd_doctor(args) -> int:
             findings += [doctor.check_state_dir(c.network, c.conf.stateDir),
                          doctor.check_log_file(c.network, c.conf.logFile)]
         findings.append(doctor.check_mode(c.network or "(defaults)", c.conf.mode, c.source))
-    findings += _doctor_records(contexts)
-    findings += _doctor_leaks(args, contexts)
-    findings += doctor.check_iptables(contexts[0].conf.backend)
-    findings.append(doctor.check_nftables())
-    failed = any(f.status == doctor.FAIL for f in findings) or skipped
-    if args.json:
-        print(json.dumps({"ok": not failed, "findings": [f.as_dict() for f in findings]}, indent=1))
-    else:
-        for f in findings:
-            print(f.line())
-        print(doctor.summary(findings))
-    return EXIT_DOCTOR if failed else EXIT_OK
+    return findings
 
 
 def cmd_journal(args) -> int:

@@ -108,12 +108,7 @@ def plugin_versions(binary: str, version: str) -> list[str] | None:
 def check_plugins(n: Network, cni_path: list[str]) -> list[Finding]:
     """Every plugin of the chain (and every IPAM plugin) is in the plugin directories and speaks the
     conflist's cniVersion."""
-    wanted = []
-    for p, t in zip(n.plugins, n.types()):
-        wanted.append(t)
-        ipam = pick(p, ("ipam",)).get("ipam") if isinstance(p, dict) else None
-        if isinstance(ipam, dict) and isinstance(pick(ipam, ("type",)).get("type"), str):
-            wanted.append(pick(ipam, ("type",))["type"])
+    wanted = _plugin_types(n)
     out = []
     missing = [t for t in dict.fromkeys(wanted) if find_plugin(t, cni_path) is None]
     path_text = ":".join(cni_path)
@@ -127,12 +122,27 @@ def check_plugins(n: Network, cni_path: list[str]) -> list[Finding]:
     else:
         out.append(Finding(OK, "plugins", n.name, f"all {len(set(wanted))} plugins found in {path_text}",
                            source=n.path))
+    return [*out, _check_versions(n, wanted, cni_path)]
+
+
+def _plugin_types(n: Network) -> list[str]:
+    """The types of the chain's plugins and of their IPAM plugins."""
+    wanted = []
+    for p, t in zip(n.plugins, n.types()):
+        wanted.append(t)
+        ipam = pick(p, ("ipam",)).get("ipam") if isinstance(p, dict) else None
+        if isinstance(ipam, dict) and isinstance(pick(ipam, ("type",)).get("type"), str):
+            wanted.append(pick(ipam, ("type",))["type"])
+    return wanted
+
+
+def _check_versions(n: Network, wanted: list[str], cni_path: list[str]) -> Finding:
+    """cni-reaper and every plugin found (that answers VERSION) speak the conflist's cniVersion."""
     version = n.cni_version or versions.IMPLICIT
     if version not in versions.SUPPORTED:
-        out.append(Finding(FAIL, "cni-version", n.name, f"cniVersion {n.cni_version!r} is not one cni-reaper speaks "
-                           f"({', '.join(versions.SUPPORTED)})",
-                           f"set \"cniVersion\" in {n.path} to 1.0.0 (plugins before 1.6) or 1.1.0", n.path))
-        return out
+        return Finding(FAIL, "cni-version", n.name, f"cniVersion {n.cni_version!r} is not one cni-reaper speaks "
+                       f"({', '.join(versions.SUPPORTED)})",
+                       f"set \"cniVersion\" in {n.path} to 1.0.0 (plugins before 1.6) or 1.1.0", n.path)
     refusing = []
     for t in dict.fromkeys(wanted):
         binary = find_plugin(t, cni_path)
@@ -142,14 +152,12 @@ def check_plugins(n: Network, cni_path: list[str]) -> list[Finding]:
         if spoken is not None and version not in spoken:
             refusing.append(f"{t} (speaks up to {spoken[-1] if spoken else 'nothing'})")
     if refusing:
-        out.append(Finding(FAIL, "cni-version", n.name,
-                           f"cniVersion {version} is not spoken by {', '.join(refusing)}: every allocation fails",
-                           "install the conflist's 1.0.0 form (scripts/install.sh picks the form the plugins speak) "
-                           "or upgrade the plugins to 1.6 or later", n.path))
-    else:
-        out.append(Finding(OK, "cni-version", n.name, f"cniVersion {version}: spoken by cni-reaper and every plugin "
-                           "that answers", source=n.path))
-    return out
+        return Finding(FAIL, "cni-version", n.name,
+                       f"cniVersion {version} is not spoken by {', '.join(refusing)}: every allocation fails",
+                       "install the conflist's 1.0.0 form (scripts/install.sh picks the form the plugins speak) "
+                       "or upgrade the plugins to 1.6 or later", n.path)
+    return Finding(OK, "cni-version", n.name, f"cniVersion {version}: spoken by cni-reaper and every plugin "
+                   "that answers", source=n.path)
 
 
 def check_shadowed(n: Network) -> Finding:

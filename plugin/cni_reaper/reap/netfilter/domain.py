@@ -122,6 +122,21 @@ def _families(targets: list[Target]) -> list[int]:
     return sorted(fams)
 
 
+def _selected(backend: str, family: int, backend_for: Any, select: Any) -> Backend | BackendError:
+    """The iptables backend a target's setting resolves to for `family`, or why there is none."""
+    try:
+        return backend_for(family) if backend_for else select(backend, family)
+    except BackendError as exc:
+        return exc
+
+
+def _unreadable(t: Target, family: int, why: BackendError, errors: list[str], failed: set) -> None:
+    """A family whose rules cannot be read: a target with an address of it fails (it is kept)."""
+    if any((":" in ip) == (family == 6) for ip in t.dead_ips):
+        errors.append(f"ipv{family}: {why}")
+        failed.add(t.key)
+
+
 def domains(targets: list[Target], protected: dict, errors: list[str], failed: set,
             backend_for: Any = None) -> list[Domain]:
     """The domains the targets' leftovers are in: per family, one per iptables flavour the targets' backend
@@ -141,17 +156,11 @@ def domains(targets: list[Target], protected: dict, errors: list[str], failed: s
             if family not in _families([t]):
                 continue
             if (t.backend, family) not in chosen:
-                try:
-                    chosen[(t.backend, family)] = backend_for(family) if backend_for else select(t.backend, family)
-                except BackendError as exc:
-                    chosen[(t.backend, family)] = exc
+                chosen[(t.backend, family)] = _selected(t.backend, family, backend_for, select)
             b = chosen[(t.backend, family)]
             if isinstance(b, BackendError):
-                if any((":" in ip) == (family == 6) for ip in t.dead_ips):
-                    errors.append(f"ipv{family}: {b}")
-                    failed.add(t.key)
-                continue
-            if b is not None:
+                _unreadable(t, family, b, errors, failed)
+            elif b is not None:
                 groups.setdefault(b.name + "/" + getattr(b, "flavour", ""), (b, []))[1].append(t)
         out += [IptablesDomain(family, b, ts, protected) for b, ts in groups.values()]
     native = [t for t in wanted if t.parts & {"masq", "dnat"}]
