@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything cni-reaper's build, demo and tests need on a Debian 12 machine, as root:
 # the reference CNI plugins, iptables (both flavours), Go and go-cni (to build the test runtime driver),
-# qemu-user-static and PRoot (the arm64 build and its tests), systemd's tools (systemd-analyze verify),
+# qemu-user-static and PRoot (the arm64 build and its tests), systemd's tools (systemd-analyze verify; systemd-nspawn
+# boots the Debian 12 container the install is tested in),
 # and a virtualenv at .venv with the package and its build/test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 APT_PACKAGES=(iptables nftables conntrack iproute2 procps containernetworking-plugins golang-go
-  golang-github-containerd-go-cni-dev python3 python3-venv python3-dev gcc debootstrap strace binutils systemd)
+  golang-github-containerd-go-cni-dev python3 python3-venv python3-dev gcc debootstrap strace binutils systemd
+  systemd-container)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,10 +9,11 @@ scripts/setup.sh
 echo "test.sh: ruff (lint) and mypy (types)"
 .venv/bin/ruff check plugin tests scripts build
 .venv/bin/mypy
-# the Debian 11 roots the release tests run in (arm64's second stage runs under emulation for minutes) are
+# the Debian 11 roots the release tests run in (arm64's second stage runs under emulation for minutes), and the
+# Debian 12 root with systemd that test_systemd.py boots, are
 # made beside the release build, which leaves a core idle most of the time; their own lock keeps pytest
 # from making them twice, and a failure here is the tests' to report
-(cd tests && ../.venv/bin/python -c 'from testkit import debian11; debian11.root("amd64"); debian11.root("arm64")') \
+(cd tests && ../.venv/bin/python -c 'from testkit import booted, debian11; debian11.root("amd64"); debian11.root("arm64"); booted.root()') \
   > /tmp/cni-reaper-test-roots.log 2>&1 &
 roots=$!
 # A whole run (no arguments): the stateful property test (test_property.py, thousands of steps per flavour,

@@ -350,7 +350,7 @@ def _verify_dir(t: Target, ip: str, dirs: dict[tuple[str, str], NetworkDir], out
         if os.path.isdir(e.data_dir):
             return  # host-local makes the network's directory again when it needs it: nothing is reserved
         why = f"{e.data_dir} is not visible here"
-    elif d.ident[0] == e.dev:
+    elif e.dev in (d.ident[0], d.file_dev):  # a reservation's recorded device is its file's (overlayfs: its layer's)
         return
     else:
         why = f"{e.data_dir}/{t.network} here is on another file system than when recorded"

@@ -97,6 +97,9 @@ class NetworkDir:
         self.ident: tuple[int, int] | None = None
         self.unread: list[str] = []  # the reservations all() found but could not read (then it is not complete)
         self._lock: int | None = None
+        # the device of a file in it (its lock, once held): on overlayfs a file reports its layer's device, not
+        # the directory's, and a reservation's recorded device is its file's
+        self.file_dev: int | None = None
         if self.fd is not None:
             st = os.fstat(self.fd)
             self.ident = (st.st_dev, st.st_ino)
@@ -123,6 +126,7 @@ class NetworkDir:
             raise CniError(TRY_AGAIN_LATER, f"host-local's lock of {self.data_dir}/{self.network} is held",
                            f"waited {timeout:g}s; retry")
         self._lock = lfd
+        self.file_dev = os.fstat(lfd).st_dev
 
     def unlock(self) -> None:
         if self._lock is not None:
