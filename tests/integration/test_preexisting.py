@@ -328,15 +328,22 @@ def test_a_live_allocation_of_another_network_keeps_its_native_dnat(native, ipam
     live = unique("other-live-")
     ips = ips_of(sb.driver("add", live, sb.container(), ("8085:80/tcp",), other))
     assert ips == [address]
+    kept_by_sweep_and_add(sb, live)
+
+
+def kept_by_sweep_and_add(sb, live: str) -> None:
+    """Neither `sweep --orphans --apply` nor an ADD on the swept network mapping host port 8085 changes a
+    line of live allocation `live` (of another network, its native DNAT on that port); the ADD warns."""
     rules = native_of(sb, live)
     assert [r for r in rules if "dnat to" in r], rules
+    tables = [l for l in sb.tables() if live in l]
     reaper = sb.native_conflist()
     applied = operator(sb, reaper, "sweep", "--orphans", "--apply")
     assert applied.returncode in (0, 6), applied.stdout + applied.stderr
     assert native_of(sb, live) == rules, "the orphan sweep removed a live allocation's rules on another network"
-    new = unique("new-")
-    ips_of(sb.driver("add", new, sb.container(), ("8085:80/tcp",), reaper))
+    ips_of(sb.driver("add", unique("new-"), sb.container(), ("8085:80/tcp",), reaper))
     assert native_of(sb, live) == rules, "an ADD mapping the same port removed a live allocation's rules"
+    assert [l for l in sb.tables() if live in l] == tables
     lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
     assert any(l["msg"].startswith("host port also mapped") and l.get("mappedBy") == live for l in lines), lines[-5:]
 
@@ -353,19 +360,7 @@ def test_a_live_allocation_of_a_network_inside_the_swept_subnet_keeps_its_native
     live = unique("inside-")
     netns = sb.container()
     assert ips_of(sb.driver("add", live, netns, ("8085:80/tcp", "8085:80/udp"), other)) == [address]
-    rules = native_of(sb, live)
-    assert [r for r in rules if "dnat to" in r], rules
-    tables = [l for l in sb.tables() if live in l]
-    reaper = sb.native_conflist()
-    swept = operator(sb, reaper, "sweep", "--orphans", "--apply")
-    assert swept.returncode in (0, 6), swept.stdout + swept.stderr
-    assert native_of(sb, live) == rules, "the orphan sweep removed a live allocation's rules on another network"
-    new = unique("new-")
-    ips_of(sb.driver("add", new, sb.container(), ("8085:80/tcp",), reaper))
-    assert native_of(sb, live) == rules, "an ADD mapping the same port removed a live allocation's rules"
-    assert [l for l in sb.tables() if live in l] == tables
-    lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
-    assert any(l["msg"].startswith("host port also mapped") and l.get("mappedBy") == live for l in lines), lines[-5:]
+    kept_by_sweep_and_add(sb, live)
 
 
 def test_a_container_leaked_on_the_swept_network_keeps_its_live_dnat_on_another(native):

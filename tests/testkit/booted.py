@@ -8,12 +8,13 @@ registered with the machine's systemd. Commands run inside it with nsenter into 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
+
+from testkit.cached import made_once
 
 CACHE = Path(os.environ.get("CNI_REAPER_CACHE", "/tmp/cni-reaper-test-cache"))
 MIRROR = os.environ.get("CNI_REAPER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -27,24 +28,14 @@ class CannotBoot(Exception):
 
 def root() -> Path:
     """The cached Debian 12 root with systemd (made on first use: debootstrap, a few minutes)."""
-    out = CACHE / "rootfs-bookworm-systemd"
-    if (out / ".complete").exists():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "bookworm-systemd.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / ".complete").exists():
-            return out
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def make(tmp: Path) -> None:
         proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "bookworm",
                                str(tmp), MIRROR], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"debootstrap bookworm failed: {(proc.stderr or proc.stdout)[-800:]}")
-        (tmp / ".complete").write_text("")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out
+
+    return made_once(CACHE / "rootfs-bookworm-systemd", "bookworm-systemd.lock", make)
 
 
 class Machine:

@@ -8,12 +8,13 @@ stay as they were. In an arm64 root, programs run under PRoot and qemu-user (`ru
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from testkit.cached import made_once
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import bundle  # the build's PRoot and qemu-user runner (scripts/bundle.py)
@@ -25,17 +26,10 @@ PACKAGES = ("iptables", "nftables")
 
 def root(arch: str = "amd64") -> Path:
     out = CACHE / ("rootfs-bullseye-test" if arch == "amd64" else f"rootfs-bullseye-{arch}-test")
-    if (out / ".complete").exists():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"debian11-{arch}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / ".complete").exists():
-            return out
+
+    def make(tmp: Path) -> None:
         if not shutil.which("debootstrap"):
             subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True, capture_output=True)
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
         foreign = [] if arch == "amd64" else ["--foreign", f"--arch={arch}"]
         proc = subprocess.run(["debootstrap", *foreign, "--variant=minbase", f"--include={','.join(PACKAGES)}",
                                "bullseye", str(tmp), MIRROR], capture_output=True, text=True)
@@ -49,10 +43,8 @@ def root(arch: str = "amd64") -> Path:
                                   preexec_fn=bundle._no_statx, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"debootstrap's second stage ({arch}) failed: {(proc.stderr or proc.stdout)[-800:]}")
-        (tmp / ".complete").write_text("")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out
+
+    return made_once(out, f"debian11-{arch}.lock", make)
 
 
 def in_overlay(lower: Path, work: Path, script: str, host_netns: str | None = None, timeout: float = 300,
