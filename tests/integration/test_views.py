@@ -93,6 +93,46 @@ def test_a_netns_path_that_cannot_be_looked_at_is_unknown_never_dead(sandbox_one
     os.chmod(locked, 0o755)
 
 
+def test_a_mount_namespace_number_given_again_is_not_the_one_recorded(sandbox_one):
+    """The runtime's ADD ran in a mount namespace that is gone now (a transient one: `ip netns exec`, a runtime
+    restarted in a private one), and the kernel gave its inode number to the namespace a later sweep runs in.
+    The netns is mounted only where the ADD was, so that sweep sees an empty file at its path: not its view,
+    so the attachment is unknown to it, never dead. Before, the same number was taken for the same namespace,
+    and `list` said dead and `sweep --apply` released the live allocation's reservation (CI, 2026-12-04:
+    `ip netns exec` handed the number on)."""
+    sb = sandbox_one
+    locked, bind = locked_netns(sb)
+    cid, ip = unique("alloc-"), "10.99.0.6"
+    reserve(sb, ip, cid)
+    add = call(sb, "ADD", cid, f"{locked}/ns", conf(sb, ip), pre=bind)
+    assert add.returncode == 0, add.stdout + add.stderr
+    os.chmod(locked, 0o755)
+    holder = sb.popen(["sleep", "600"], quiet=True)  # a mount namespace of the sandbox's, held
+    try:
+        deadline = time.monotonic() + 10
+        while os.stat(f"/proc/{holder.pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            assert time.monotonic() < deadline, "the holder never entered its mount namespace"
+            time.sleep(0.01)
+        while os.readlink(f"/proc/{holder.pid}/exe").rsplit("/", 1)[-1] != "sleep":
+            assert time.monotonic() < deadline, "the holder never became sleep"
+            time.sleep(0.01)
+        given = os.stat(f"/proc/{holder.pid}/ns/mnt").st_ino
+        sb.edit_record(cid, lambda rec: rec["current"]["host"].update(mnt=given))
+        enter = ["nsenter", "-t", str(holder.pid), "-m", "-n", str(sb.plugin_dir / "cni-reaper")]
+        tail = ["--cni-conf-dir", str(sb.root / "none")]
+        listed = subprocess.run([*enter, "list", "--json", *tail], env=sb.env(), text=True, capture_output=True)
+        states = {r["containerID"]: (r["state"], r.get("why")) for r in json.loads(listed.stdout)}
+        assert states[cid][0] in ("live", "unknown"), states
+        swept = subprocess.run([*enter, "sweep", "--apply", *tail], env=sb.env(), text=True, capture_output=True)
+        assert swept.returncode in (0, 6), swept.stdout + swept.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (sb.cni_dir / "networks" / NET / ip).exists(), "a live attachment's reservation was released"
+    record = sb.record(cid)
+    assert record is not None and record["deleted"] is None and "left" not in record, record
+
+
 def test_del_of_a_path_that_cannot_be_looked_at_succeeds(sandbox_one):
     sb = sandbox_one
     locked, bind = locked_netns(sb)

@@ -563,11 +563,15 @@ class Sandbox:
         return found[0] if found else None
 
     def edit_held(self, cid: str, **mark) -> None:
-        """The held mark of `cid`'s record changed by hand (retryAt, tries), the file replaced as cni-reaper
-        replaces it (a new inode: the index is made anew from the records)."""
+        """The held mark of `cid`'s record changed by hand (retryAt, tries)."""
+        self.edit_record(cid, lambda rec: rec["left"].update(mark))
+
+    def edit_record(self, cid: str, change) -> None:
+        """`cid`'s record changed by hand (`change` edits the parsed record in place), the file replaced as
+        cni-reaper replaces it (a new inode: the index is made anew from the records)."""
         path = next(p for p in self.state_dir().glob("r-*.json") if json.loads(p.read_text())["containerID"] == cid)
         rec = json.loads(path.read_text())
-        rec["left"].update(mark)
+        change(rec)
         tmp = path.with_name(".tmp.hand")
         tmp.write_text(json.dumps(rec))
         os.chmod(tmp, 0o600)

@@ -111,9 +111,14 @@ class View:
         mount namespace, or a mount of `where` here that is a member or a slave of the peer group the recorded
         mount was a member of (a mount propagates to every member and slave of its group, never to the group
         a slave's master is in). A record of cni-reaper 0.2 names no mount namespace: its runtime is taken to
-        be where PID 1 is."""
+        be where PID 1 is.
+
+        The same number is the same mount namespace only while the one recorded is alive: the kernel gives a
+        freed namespace's inode number to the next one made (a runtime's transient namespace gone, the timer's
+        service or `ip netns exec` gets its number). PID 1's lives as long as the boot, so a recorded number
+        that is PID 1's now was PID 1's then; any other is judged by the peer groups alone."""
         if f.mnt is not None:
-            if f.mnt == self.host.mnt:
+            if f.mnt == self.host.mnt and f.mnt == probes.init_mnt():
                 return True
             return bool(f.groups and self.groups(where) & set(f.groups))
         init = probes.init_mnt()
