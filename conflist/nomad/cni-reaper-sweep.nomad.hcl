@@ -29,7 +29,16 @@ job "cni-reaper-sweep" {
       env {
         # node_exporter's --collector.textfile.directory (Debian's prometheus-node-exporter default)
         TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+        # Optional: Nomad's word on its allocations (README, "The scheduler's word"), asked of this client
+        # through the task API socket with the task's workload identity (Nomad 1.7+; attach a policy with
+        # agent:read, node:read and read-job to the job: `nomad acl policy apply -job cni-reaper-sweep ...`).
+        # CNI_REAPER_NOMAD = "1"
+        # NOMAD_ADDR       = "unix://${NOMAD_SECRETS_DIR}/api.sock"
       }
+
+      # identity {
+      #   env = true   # NOMAD_TOKEN: the workload identity the task API takes
+      # }
 
       resources {
         cpu    = 100

@@ -48,6 +48,18 @@ from cni_reaper.state.record import ips, key, left_mark, parse_time
 Key = tuple[str, str, str]  # (network, container ID, ifname)
 
 
+class Verdict:
+    """What a caller with the runtime's or the scheduler's word says of a record (GC's valid list, Nomad's
+    agent): its state and why, and which parts of its leftovers may go (all but the reservation while its
+    namespace still holds the address: host-local must not give it out again while a veth answers for it;
+    None: every part, targets.PARTS)."""
+
+    __slots__ = ("parts", "state", "why")
+
+    def __init__(self, state: str, why: str, parts: frozenset[str] | None = None) -> None:
+        self.state, self.why, self.parts = state, why, parts
+
+
 class Settings:
     """The settings a record is cleaned with: its own (recorded with it), or its network's."""
 
@@ -109,12 +121,13 @@ def judge_indexed(store: Store, view: View, cache_dir: str, every: bool = False)
 class Judged:
     """A record and what was judged of it (and of each of its earlier lives)."""
 
-    __slots__ = ("by_runtime", "earlier", "record", "settings", "state", "why")
+    __slots__ = ("by_runtime", "earlier", "parts", "record", "settings", "state", "why")
 
     def __init__(self, record: dict[str, Any], state: str, why: str, settings: Settings | None,
-                 earlier: list[tuple[str, str]], by_runtime: bool = False) -> None:
+                 earlier: list[tuple[str, str]], by_runtime: bool = False, parts: frozenset[str] | None = None) -> None:
         self.record, self.state, self.why, self.settings, self.earlier = record, state, why, settings, earlier
-        self.by_runtime = by_runtime  # the verdict is the runtime's word (its DEL of it, GC's valid list)
+        self.by_runtime = by_runtime  # the verdict is the runtime's word (its DEL of it, GC's valid list, Nomad's)
+        self.parts = parts  # the parts of its leftovers that may go (Verdict.parts; None: all)
 
     @property
     def key(self) -> Key:
@@ -137,32 +150,41 @@ class Selection:
 
 
 def _judge(sel: Selection, r: dict[str, Any], confs: dict[str, Any], default: Any, exclude: frozenset,
-           verdict: tuple[str, str] | None) -> Judged:
+           verdict: Verdict | None) -> Judged:
     """Judge one record, and note what it holds: the addresses of each of its lives that is not dead (all of
     them while the record is unknown or its DEL is running; the current ones of the DEL's own record)."""
     k = key(r)
     s = settings_of(r, confs)
-    state, why = verdict or judge_record(r, sel.view, (s or Settings.of_conf(default)).cache_dir)
+    state, why = (verdict.state, verdict.why) if verdict is not None else \
+        judge_record(r, sel.view, (s or Settings.of_conf(default)).cache_dir)
     far = out_of_reach(Facts.of_life(r["current"]), sel.view)
     if far and state in SWEEPABLE:
         state, why = UNKNOWN, far
     earlier = [judge_life(Facts.of_life(inc), sel.view) for inc in r["earlier"]]
-    if state in HOLDING or k in exclude:
-        sel.hold(k, ips(r["current"]))
-    for inc, (st, _) in zip(r["earlier"], earlier):
-        if st != DEAD or state in (UNKNOWN, WAIT):
-            sel.hold(k, ips(inc))
+    _note_holdings(sel, r, state, earlier, k in exclude)
     if state == UNKNOWN:
         sel.view.note(why)
     if s is not None:
         sel.data_dirs.append(s.ipam_dir)
-    return Judged(r, state, why, s, earlier, by_runtime=verdict is not None and state == DEAD)
+    by_word = verdict if verdict is not None and state == DEAD else None
+    return Judged(r, state, why, s, earlier, by_runtime=by_word is not None, parts=by_word.parts if by_word else None)
+
+
+def _note_holdings(sel: Selection, r: dict[str, Any], state: str, earlier: list[tuple[str, str]], excluded: bool) -> None:
+    """The addresses a judged record holds: its current life's unless dead (or the DEL's own record), each
+    earlier life's unless dead (all of them while the record is unknown or its DEL is running)."""
+    k = key(r)
+    if state in HOLDING or excluded:
+        sel.hold(k, ips(r["current"]))
+    for inc, (st, _) in zip(r["earlier"], earlier):
+        if st != DEAD or state in (UNKNOWN, WAIT):
+            sel.hold(k, ips(inc))
 
 
 def select(records: Iterable[dict[str, Any]], view: View, confs: dict[str, Any], default: Any,
            exclude: frozenset = frozenset(), only_network: str | None = None,
-           verdicts: dict[Key, tuple[str, str]] | None = None) -> Selection:
-    """Judge `records` (or take `verdicts` for them: GC's). `confs`: network -> its configuration, for
+           verdicts: dict[Key, Verdict] | None = None) -> Selection:
+    """Judge `records` (or take `verdicts` for them: GC's, Nomad's). `confs`: network -> its configuration, for
     records that carry no settings; `default`: the caller's configuration (its data dir is looked at too)."""
     sel = Selection(view)
     for r in records:
@@ -241,7 +263,7 @@ def dead_target(j: Judged, view: View, keep_masq_chain: bool = False, parts: Ite
         expect.update(_expect(life, r, s, view))
     whole = len(lives) == 1 + len(r["earlier"])
     return Target(*key(r), frozenset(ips(*lives)), whole=whole, keep_masq_chain=keep_masq_chain,
-                  parts=frozenset(parts) if parts is not None else PARTS, expect=expect, backend=s.backend,
+                  parts=frozenset(parts) if parts is not None else j.parts or PARTS, expect=expect, backend=s.backend,
                   cache_dir=s.cache_dir, forming=_forming(r["current"]) and not j.by_runtime, by_runtime=j.by_runtime)
 
 
@@ -438,6 +460,9 @@ def _due(store: Store, sel: Selection, outcome: Outcome, watching: set[str]) -> 
     due = []
     for j in sel.judged:
         if _left_for_the_runtime(store, j, outcome, watching) or j.key in outcome.kept:
+            continue
+        if j.state in SWEEPABLE and j.parts is not None:  # a part of it stays by its verdict: so does its record
+            outcome.skipped.append(f"{' '.join(j.key).strip()}: record kept: {j.why}")
             continue
         if _held(store, j, outcome, watching):
             continue

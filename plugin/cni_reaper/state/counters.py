@@ -29,7 +29,7 @@ BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds, t
 
 def empty() -> dict:
     return {"version": VERSION, "since": time.time(), "attachments": {}, "removed": {}, "failures": {},
-            "errors": 0, "sweeps": {}, "lastSweep": None, "lastFailure": None, "wouldRemove": {}}
+            "errors": 0, "sweeps": {}, "lastSweep": None, "lastFailure": None, "wouldRemove": {}, "schedulersWord": {}}
 
 
 def parse(data: bytes | None) -> dict:
@@ -80,10 +80,19 @@ def count(counters: dict, outcome, cleaned: dict[str, int], seconds: float, verb
 def add_would(store: Store, counts: dict[tuple[str, str], int]) -> None:
     """Observe mode: what would have been removed, by network and kind (counted once per attachment and
     change). The caller holds the state lock. Never raises."""
+    add_by_kind(store, "wouldRemove", counts)
+
+
+def add_by_kind(store: Store, field: str, counts: dict[tuple[str, str], int]) -> None:
+    """Add `counts` ((network, kind) -> n) to a counter by network and kind: `wouldRemove`, or
+    `schedulersWord` (attachments cleaned and namespaces removed on Nomad's word). The caller holds the
+    state lock. Never raises."""
+    if not counts:
+        return
     try:
         c = load(store)
         for (network, kind), n in counts.items():
-            per = c["wouldRemove"].setdefault(network, {})
+            per = c[field].setdefault(network, {})
             per[kind] = per.get(kind, 0) + n
         store.dir.write(FILE, jsonio.dumps(c).encode(), durable=True)
     except Exception as exc:  # noqa: BLE001 - counting never fails a verb

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import PLUGIN_NAME, __version__, log
 from cni_reaper.errors import INVALID_CONFIG, CniError
+from cni_reaper.tools import nomad_word
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_LEFT, EXIT_DOCTOR, EXIT_BLIND = 0, 1, 2, 3, 4, 5, 6
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"  # Nomad's client cni_path default, then Debian's plugins
@@ -72,11 +73,13 @@ def parser() -> argparse.ArgumentParser:
                    help="also rules tagged for containers with no record and no live netns (in libcni's cache)")
     p.add_argument("--log-file", help="where --apply logs what it removed (overrides logFile; \"\" for none)")
     p.add_argument("--lock-timeout", type=float, help="seconds to wait for the state lock")
+    nomad_word.add_arguments(p)
     p = sub.add_parser("doctor", help="check the conflists and the host; changes nothing")
     _common(p)
     p.add_argument("--cni-path", help=f"where the plugins are, as Nomad's client cni_path (default: the cni_path of "
                                       f"the Nomad client's configuration in /etc/nomad.d, else {DEFAULT_CNI_PATH})")
     p.add_argument("--nomad-config", default="/etc/nomad.d", metavar="DIR", help="the Nomad agent's configuration files")
+    nomad_word.add_connection_arguments(p)
     p.add_argument("--log-file", help="overrides logFile")
     p = sub.add_parser("journal", help="what clean-ups removed (and undo put back), from the journal")
     _common(p)
@@ -293,7 +296,36 @@ def backends_line(backend: str) -> str:
     return "iptables: " + "; ".join(parts)
 
 
-def _sweep_group(args, group: list[Context], total, view) -> None:
+def _glance(first: Context) -> list[dict]:
+    """The records of a state directory as they are now, read without its lock (who to ask Nomad about)."""
+    from cni_reaper.state.store import Store
+
+    if not os.path.isdir(first.conf.stateDir):
+        return []
+    try:
+        store = Store(first.conf.stateDir, first.conf.lockTimeout).open(create=False, read_only=True)
+    except (CniError, OSError):
+        return []  # the sweep under the lock says what is wrong with it
+    try:
+        return list(store.records())
+    except (CniError, OSError):
+        return []
+    finally:
+        store.close()
+
+
+def _sweep_runs(args, group: list[Context], records: list[dict]) -> list[tuple]:
+    """(configuration, network) of each run of a group's sweep: each context's, and (unless one network is
+    asked for) the first one's for every network its records name that no conflist does any more."""
+    first = group[0]
+    runs = [(c.conf, c.network) for c in group]
+    if first.network is not None and not args.network:
+        named = {c.network for c in group}
+        runs += [(first.conf, n) for n in sorted({r["network"] for r in records} - named)]
+    return runs
+
+
+def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
     """Sweep the networks of one state directory under its lock: each record with its own settings (a record
     of cni-reaper 0.2 with its network's conflist, or the first one's when no conflist names its network any
     more); tagged attachments without a record where libcni's cache proves them dead, or host-local (where the
@@ -310,17 +342,18 @@ def _sweep_group(args, group: list[Context], total, view) -> None:
         lock = store.locked() if store is not None else _NoLock()
         with lock:
             records = list(store.records()) if store is not None else []
-            runs = [(c.conf, c.network) for c in group]
-            if first.network is not None and not args.network:
-                named = {c.network for c in group}
-                runs += [(first.conf, n) for n in sorted({r["network"] for r in records} - named)]
+            runs = _sweep_runs(args, group, records)
             confs = {n: conf for conf, n in runs if n}
             modes = _modes(store, group, records, _settings(args))
+            said = nomad_word.verdicts(word, records, view, args.apply, args)
             for conf, network in runs:
-                sel = select(records, view, confs, conf, only_network=network)
+                sel = select(records, view, confs, conf, only_network=network, verdicts=said.verdicts)
                 if args.orphans:
                     sel.extra = _orphans(group, records, conf, network, view)
-                total.merge(sweep(store, conf, sel, dry_run=not args.apply, modes=modes))
+                outcome = sweep(store, conf, sel, dry_run=not args.apply, modes=modes)
+                if args.apply and store is not None:
+                    said.count(store, outcome.removed)
+                total.merge(outcome)
     finally:
         if store is not None:
             store.close()
@@ -383,10 +416,13 @@ def cmd_sweep(args) -> int:
     log.begin(contexts[0].conf.logFile if args.apply else None, stderr=False, verb="sweep")
     total = Outcome()
     view = View(at_once=True)  # what something not ours held is looked at now, not at its retry time
-    for group in _by_state_dir(contexts).values():
+    by_dir = list(_by_state_dir(contexts).values())
+    # asked before any state lock is taken: no ADD waits on Nomad's API
+    word = nomad_word.ask(args, [r for g in by_dir for r in _glance(g[0])], view)
+    for group in by_dir:
         if args.apply:
             log.begin(group[0].conf.logFile, stderr=False, verb="sweep")
-        _sweep_group(args, group, total, view)
+        _sweep_group(args, group, total, view, word)
     total.unknown = dict(view.blind)
     groups = {}
     for key, items in total.removed.items():
@@ -431,6 +467,8 @@ def _print_sweep(args, groups: dict, count: int, total, backends: dict) -> None:
             print(f"  - {item}")
     for err in total.errors:
         print(f"error: {err}", file=sys.stderr)
+    for why in total.skipped:
+        print(f"left on purpose: {why}", file=sys.stderr)
     for owner, why in total.held.items():
         print(f"{' '.join(owner).strip()}: left in place, something not ours holds it: {why} (its record is kept; "
               "remove what holds it, then sweep again)", file=sys.stderr)
@@ -501,6 +539,7 @@ def cmd_doctor(args) -> int:
     findings += _doctor_leaks(args, contexts)
     findings += doctor.check_iptables(contexts[0].conf.backend)
     findings.append(doctor.check_nftables())
+    findings += nomad_word.doctor_findings(args)
     failed = any(f.status == doctor.FAIL for f in findings) or skipped
     if args.json:
         print(json.dumps({"ok": not failed, "findings": [f.as_dict() for f in findings]}, indent=1))

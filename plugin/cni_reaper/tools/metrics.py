@@ -44,6 +44,7 @@ def merge(all_counters: list[dict]) -> dict:
         _add_nested(out["removed"], c["removed"])
         _add_flat(out["failures"], c["failures"])
         _add_nested(out["wouldRemove"], c.get("wouldRemove", {}))
+        _add_nested(out["schedulersWord"], c.get("schedulersWord", {}))
         out["errors"] += c["errors"]
         for verb, s in c["sweeps"].items():
             o = out["sweeps"].setdefault(verb, {"count": 0, "sum": 0.0, "buckets": [0] * len(BUCKETS)})
@@ -54,6 +55,11 @@ def merge(all_counters: list[dict]) -> dict:
             if c[k] is not None and (out[k] is None or c[k] > out[k]):
                 out[k] = c[k]
     return out
+
+
+def _by_kind(counts: dict, shown: list[str], kinds: tuple[str, ...]) -> list[tuple[str, dict, float]]:
+    """The samples of a counter by network and kind, for the networks it has counted something of."""
+    return [("", {"network": n, "kind": k}, counts.get(n, {}).get(k, 0)) for n in shown for k in kinds if n in counts]
 
 
 def exposition(counters: dict, records: dict[tuple[str, str], int], networks: list[str]) -> str:
@@ -78,8 +84,11 @@ def exposition(counters: dict, records: dict[tuple[str, str], int], networks: li
            [("", {"network": n, "kind": k}, counters["removed"].get(n, {}).get(k, 0)) for n in shown for k in KINDS])
     family("cni_reaper_would_remove_total", "counter",
            "Observe mode: leftovers cni-reaper would have removed (once per attachment and change), by kind.",
-           [("", {"network": n, "kind": k}, counters.get("wouldRemove", {}).get(n, {}).get(k, 0)) for n in shown
-            for k in KINDS if n in counters.get("wouldRemove", {})])
+           _by_kind(counters.get("wouldRemove", {}), shown, KINDS))
+    family("cni_reaper_schedulers_word_total", "counter",
+           "On Nomad's word (sweep --nomad): attachments whose leftovers were removed because the local agent "
+           "says their allocation is over, and network namespaces Nomad left that were removed.",
+           _by_kind(counters.get("schedulersWord", {}), shown, ("attachments", "namespaces")))
     family("cni_reaper_cleanup_failures_total", "counter",
            "Clean-ups of an attachment that left something behind (its record is kept and retried).",
            [("", {"network": n}, counters["failures"].get(n, 0)) for n in shown])

@@ -16,7 +16,7 @@ from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup, pick
 from cni_reaper.reap import orphans
 from cni_reaper.reap.evidence import DEAD, HOLDING, View
-from cni_reaper.reap.sweep import network_modes, select, sweep, sweep_modes
+from cni_reaper.reap.sweep import Verdict, network_modes, select, sweep, sweep_modes
 from cni_reaper.state.record import key
 from cni_reaper.state.store import Store
 
@@ -67,7 +67,7 @@ def run(inv: Invocation) -> None:
         with store.locked():
             records = list(store.records())
             mine = [r for r in records if r["network"] == conf.name]
-            verdicts = {key(r): (DEAD, "not among the runtime's valid attachments (GC)") for r in mine
+            verdicts = {key(r): Verdict(DEAD, "not among the runtime's valid attachments (GC)") for r in mine
                         if not holds(valid, r["containerID"], r["ifname"])}
             # GC looks at once at what something not ours held (as an operator's sweep does)
             sel = select(records, View(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)

@@ -1,0 +1,168 @@
+"""`sweep --nomad`: the scheduler's word (reap/scheduler.py) asked once per sweep, before the state lock is
+taken, and turned into verdicts on the records it proves over (sweep.Verdict): the whole life goes as any dead
+attachment's, but for the reservation while the allocation's namespace still holds the address (then the
+record stays too, and says why). With `--nomad-remove-netns` (or CNI_REAPER_NOMAD_REMOVE_NETNS=1) the
+namespace mount Nomad left is removed first, when no process is in it; the allocation then loses everything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from cni_reaper import log
+from cni_reaper.reap import netns, nomad, probes, scheduler
+from cni_reaper.reap.evidence import DEAD, Facts, judge_life
+from cni_reaper.reap.sweep import Verdict
+from cni_reaper.state.record import key, parse_time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.scheduler import Word
+
+REMOVE_ENV = "CNI_REAPER_NOMAD_REMOVE_NETNS"
+VETH_GONE_WAIT = 3.0
+
+
+def add_connection_arguments(p: Any) -> None:
+    p.add_argument("--nomad", action="store_true",
+                   help="also take the local Nomad agent's word on allocations (NOMAD_ADDR, NOMAD_TOKEN, NOMAD_CACERT, "
+                        "...; or CNI_REAPER_NOMAD=1)")
+    p.add_argument("--nomad-token-file", metavar="FILE", help="the ACL token, read from FILE (preferred to NOMAD_TOKEN)")
+
+
+def add_arguments(p: Any) -> None:
+    add_connection_arguments(p)
+    p.add_argument("--nomad-remove-netns", action="store_true",
+                   help="remove the network namespace mount Nomad left with an allocation it says is over, when no "
+                        "process is in it (or CNI_REAPER_NOMAD_REMOVE_NETNS=1)")
+
+
+def _asked(args: Any, wanted: set[str]) -> tuple[Word, str] | None:
+    if not nomad.enabled(os.environ, getattr(args, "nomad", False)):
+        return None
+    try:
+        conn = nomad.Connection.of_env(os.environ, getattr(args, "nomad_token_file", None))
+    except nomad.Unreachable as exc:
+        return scheduler.Word(time.time()).silent(str(exc)), ""
+    return scheduler.ask(nomad.Agent(conn), wanted), conn.address
+
+
+def ask(args: Any, records: list[dict[str, Any]], view: View) -> Word | None:
+    """The scheduler's word on the allocations `records` name (None: Nomad is not configured); what it could
+    not prove is noted in the view (the CLI's exit 6)."""
+    asked = _asked(args, {r["containerID"] for r in records})
+    if asked is None:
+        return None
+    word = asked[0]
+    for problem in word.problems:
+        view.note(f"Nomad: {problem}")
+    return word
+
+
+def doctor_findings(args: Any) -> list[Any]:
+    """doctor's look at the connection to Nomad, when one is configured: reachable (TLS and all), the
+    token's rights, the agent this host's client."""
+    from cni_reaper.tools import doctor
+
+    asked = _asked(args, set())
+    if asked is None:
+        return []
+    word, address = asked
+    if word.problems:
+        return [doctor.Finding(doctor.FAIL, "nomad", "", "; ".join(word.problems),
+                               f"set NOMAD_ADDR, the TLS settings and a token with {scheduler.RIGHTS} (README, "
+                               "\"The scheduler's word\"); until then sweep --nomad removes nothing on Nomad's word")]
+    return [doctor.Finding(doctor.OK, "nomad", "", f"{address} is this host's Nomad client (node {word.node}) and "
+                           "the token may list its allocations: sweep --nomad also removes what allocations Nomad "
+                           "says are over leave behind")]
+
+
+class Said:
+    """What a sweep takes from the word: the verdicts (record key -> sweep.Verdict) and the namespaces it
+    removed ((network, "namespaces") -> how many), for the counters."""
+
+    __slots__ = ("namespaces", "verdicts")
+
+    def __init__(self) -> None:
+        self.verdicts: dict[tuple[str, str, str], Verdict] = {}
+        self.namespaces: dict[tuple[str, str], int] = {}
+
+    def count(self, store: Any, removed: Any) -> None:
+        """Count in the state directory's metrics what went on the word (`removed`: Outcome.removed)."""
+        from cni_reaper.state import counters
+
+        counts, self.namespaces = dict(self.namespaces), {}  # counted once, whichever run of the sweep comes first
+        for k, v in self.verdicts.items():
+            if k in removed and v.parts is None:  # whole: counted once, when its last part went
+                counts[(k[0], "attachments")] = counts.get((k[0], "attachments"), 0) + 1
+        counters.add_by_kind(store, "schedulersWord", counts)
+
+
+def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply: bool, args: Any) -> Said:
+    """The verdicts of the records the word proves over; with --nomad-remove-netns and --apply, their
+    namespace mounts go first."""
+    said = Said()
+    if word is None:
+        return said
+    remove = apply and (getattr(args, "nomad_remove_netns", False)
+                        or os.environ.get(REMOVE_ENV, "").strip().lower() in ("1", "true", "yes"))
+    for r in records:
+        life = r["current"]
+        why = word.says_over(r["containerID"], parse_time(life.get("createdAt")))
+        if why is None:
+            continue
+        f = Facts.of_life(life)
+        if remove and r["deleted"] is None and _pinned_here(f) and _remove_netns(r, f, view):
+            said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
+        said.verdicts[key(r)] = _verdict(why, f, view)
+    return said
+
+
+def _verdict(why: str, f: Facts, view: View) -> Verdict:
+    from cni_reaper.reap.targets import PARTS
+
+    state, seen = judge_life(f, view)
+    if state == DEAD:
+        return Verdict(DEAD, why)
+    return Verdict(DEAD, f"{why}; its reservation stays while its namespace holds the address ({seen}: "
+                         "remove the namespace, or sweep with --nomad-remove-netns)", PARTS - {"reservation"})
+
+
+def _pinned_here(f: Facts) -> bool:
+    """Whether the life's path holds the very namespace recorded (the one Nomad made for the allocation)."""
+    try:
+        now = probes.netns_id(f.netns)
+    except probes.Unseen:
+        return False
+    return (now is not None and f.ns is not None and (now["dev"], now["ino"]) == f.ns[:2]
+            and f.ns[2] is not None and now["ctime"] == f.ns[2])
+
+
+def _remove_netns(r: dict[str, Any], f: Facts, view: View) -> bool:
+    fields = {"network": r["network"], "containerID": r["containerID"], "netns": f.netns}
+    ns = f.ns
+    assert ns is not None
+    pid = netns.occupant(ns[0], ns[1])
+    if pid is not None:
+        log.event("warning", "namespace kept: a process is in it", pid=pid, **fields)
+        view.note(f"Nomad says an allocation is over, but a process is in its network namespace (pid {pid})")
+        return False
+    problem = netns.remove(f.netns)
+    if problem is not None:
+        log.event("warning", "namespace kept", why=problem, **fields)
+        view.note(problem)
+        return False
+    log.event("info", "namespace removed", why="Nomad says its allocation is over and no process is in it", **fields)
+    deadline = time.monotonic() + VETH_GONE_WAIT
+    while f.veth is not None and time.monotonic() < deadline:
+        try:
+            if probes.link_index(f.veth) != f.veth_index:
+                break
+        except probes.Unseen:
+            break
+        time.sleep(0.05)
+    return True

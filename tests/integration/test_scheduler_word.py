@@ -1,0 +1,177 @@
+"""The scheduler's word (issue 34) through go-cni with the reference plugins, both iptables flavours, the
+oldest and the newest stack: `cni-reaper sweep --nomad` asks a stand-in of the local Nomad agent's HTTP API
+(testkit/nomad_standin.py, on a unix socket, as NOMAD_ADDR=unix://... reaches an agent) which allocations are
+over.
+
+- An allocation that completed while its client was down (Nomad #11096: its netns still mounted, nothing
+  running in it) loses its rules on the next sweep; its reservation and record stay while its namespace holds
+  the address, and with --nomad-remove-netns the namespace goes and then everything else. An allocation in the
+  same state that the agent says is running keeps every line and its reservation, byte-identical.
+- Every answer short of proof (an error, a timeout, a redirect, a server, another host's client) removes
+  nothing, and the CLI exits 6 saying why. Without --nomad the sweep is what it was.
+- A static-IPAM network's dead attachment, left for the runtime's DEL or GC on local evidence, is cleaned on
+  the scheduler's word."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+
+from testkit.nomad_standin import Agent, Serving, client_dir
+from testkit.sandbox import ips_of, open_sandbox
+
+pytestmark = pytest.mark.netns
+NET = "nomad-reaper"
+NODE = "5d5ed6c4-7b4b-43a0-9b59-8d9b2f7a3c11"
+
+
+@pytest.fixture
+def sb(tmp_path, flavour, package_exe, two_stacks):
+    with open_sandbox(tmp_path, flavour, package_exe, two_stacks) as s:
+        yield s
+
+
+@pytest.fixture
+def agent(tmp_path):
+    data = str(tmp_path / "nomad-data")
+    client_dir(data, NODE)
+    a = Agent(NODE, data)
+    with Serving(a, path=str(tmp_path / "nomad.sock")) as serving:
+        a.serving = serving
+        yield a
+
+
+def sweep(sb, agent, *flags: str, env: dict[str, str] | None = None):
+    argv = [str(sb.plugin_dir / "cni-reaper"), "sweep", "--apply", *flags, "--cni-conf-dir", str(sb.root / "none"),
+            "--log-file", str(sb.log_file)]
+    return sb.run(argv, env={"NOMAD_ADDR": agent.serving.address, **(env or {})})
+
+
+def allocation(sb, port: int, conflist=None) -> tuple[str, list[str], str]:
+    cid, netns = str(uuid.uuid4()), sb.container()
+    ips = ips_of(sb.driver("add", cid, netns, (f"{port}:80/tcp", f"{port}:80/udp"), conflist))
+    return cid, ips, netns
+
+
+def snapshot(sb, cid: str, ips: list[str], network: str = NET) -> tuple[list[str], dict[str, tuple]]:
+    lines = sb.residue(network, cid, ips)
+    found = {}
+    for d in sb.cni_dir.glob(f"*/{network}"):
+        for p in d.iterdir():
+            if p.name in ips:
+                found[str(p)] = (p.stat().st_ino, p.read_bytes())
+    return sorted(lines), found
+
+
+def test_an_allocation_over_by_the_agents_word_loses_its_rules_then_its_namespace_and_reservation(sb, agent):
+    done, done_ips, done_ns = allocation(sb, 8080)
+    running, running_ips, running_ns = allocation(sb, 8081)
+    agent.allocation(done, "complete")
+    agent.allocation(running, "running")
+    keep = snapshot(sb, running, running_ips)
+    assert keep[0] and keep[1]
+    assert [l for l in sb.residue(NET, done, done_ips) if not l.startswith("reservation")]
+
+    # without --nomad: both look live (their namespaces are there), nothing changes
+    plain = sweep(sb, agent)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert not [p for p, _ in agent.seen]
+    assert [l for l in sb.residue(NET, done, done_ips) if not l.startswith("reservation")]
+
+    first = sweep(sb, agent, "--nomad")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "complete" in first.stderr and "record kept" in first.stderr, first.stderr
+    assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips], "its rules stay"
+    assert os.path.exists(done_ns), "its namespace was removed without --nomad-remove-netns"
+    assert sb.record(done) is not None
+    assert snapshot(sb, running, running_ips) == keep
+
+    second = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert not os.path.exists(done_ns)
+    if sb.residue(NET, done, done_ips):  # the kernel took its veth after the sweep looked: the next one frees it
+        third = sweep(sb, agent, "--nomad")
+        assert third.returncode == 0, third.stdout + third.stderr
+    assert sb.residue(NET, done, done_ips) == [] and sb.record(done) is None
+    assert snapshot(sb, running, running_ips) == keep
+    assert os.path.exists(running_ns)
+    logged = [json.loads(l)["msg"] for l in sb.log_file.read_text().splitlines()]
+    assert "namespace removed" in logged
+    metrics = sb.cli("metrics").stdout
+    assert f'cni_reaper_schedulers_word_total{{network="{NET}",kind="attachments"}} 1' in metrics, metrics
+    assert f'cni_reaper_schedulers_word_total{{network="{NET}",kind="namespaces"}} 1' in metrics, metrics
+
+
+def test_doctor_says_whether_the_agent_can_be_taken_at_its_word(sb, agent):
+    env = {"NOMAD_ADDR": agent.serving.address}
+    argv = [str(sb.plugin_dir / "cni-reaper"), "doctor", "--nomad", "--json", "--cni-conf-dir", str(sb.root / "none")]
+    good = json.loads(sb.run(argv, env=env).stdout)
+    found = [f for f in good["findings"] if f["check"] == "nomad"]
+    assert len(found) == 1 and found[0]["status"] == "OK" and NODE in found[0]["message"], found
+    agent.fail["/v1/agent/self"] = (403, "Permission denied", {})
+    bad = sb.run(argv, env=env)
+    found = [f for f in json.loads(bad.stdout)["findings"] if f["check"] == "nomad"]
+    assert bad.returncode == 5 and found[0]["status"] == "FAIL" and "403" in found[0]["message"], found
+    plain = json.loads(sb.run(argv[:2] + argv[3:], env=env).stdout)
+    assert not [f for f in plain["findings"] if f["check"] == "nomad"]
+
+
+def test_a_process_in_the_namespace_keeps_it(sb, agent):
+    done, done_ips, done_ns = allocation(sb, 8082)
+    agent.allocation(done, "complete")
+    holder = sb.serve(done_ns, 80, "still here")
+    try:
+        out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
+        assert out.returncode == 6 and "a process is in its network namespace" in out.stderr, out.stdout + out.stderr
+        assert os.path.exists(done_ns)
+        assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("failure", ["403", "500", "timeout", "redirect", "server", "another-host"])
+def test_an_answer_short_of_proof_removes_nothing_and_says_why(sb, agent, failure, tmp_path):
+    done, done_ips, _ = allocation(sb, 8083)
+    gone, gone_ips, gone_ns = allocation(sb, 8084)
+    agent.allocation(done, "complete")
+    sb.remove_container(gone_ns)  # dead on local evidence: cleaned whatever Nomad says
+    before = snapshot(sb, done, done_ips)
+    if failure in ("403", "500"):
+        agent.fail["/v1/agent/self"] = (int(failure), "Permission denied" if failure == "403" else "No cluster leader", {})
+    elif failure == "redirect":
+        agent.fail[f"/v1/node/{NODE}/allocations"] = (307, "", {"Location": "http://10.1.2.3:4646/"})
+    elif failure == "timeout":
+        agent.delay = 3.0
+    elif failure == "server":
+        agent.client = False
+    else:
+        client_dir(agent.data_dir, "0b7c2d8e-0000-4000-8000-000000000001")
+    out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
+    assert out.returncode == 6 and "Nomad: " in out.stderr, out.stdout + out.stderr
+    assert snapshot(sb, done, done_ips) == before
+    assert sb.residue(NET, gone, gone_ips) == []
+
+
+def test_a_static_ipam_attachment_left_for_the_runtime_is_cleaned_on_the_schedulers_word(sb, agent):
+    data = json.loads(sb.shipped().read_text())
+    for p in data["plugins"]:
+        if p["type"] == "bridge":
+            p["ipam"] = {"type": "static", "addresses": [{"address": "10.77.0.5/24"}]}
+            p["bridge"] = "static0"
+    path = sb.root / "static.json"
+    path.write_text(json.dumps(data))
+    conflist = sb.conflist(path, name="static-net")
+    cid, ips, netns = allocation(sb, 8085, conflist)
+    sb.remove_container(netns)
+    lines = sb.residue("static-net", cid, ips)
+    assert lines
+    left = sweep(sb, agent)
+    assert sb.residue("static-net", cid, ips) == lines, left.stdout + left.stderr
+    agent.allocation(cid, "failed")
+    out = sweep(sb, agent, "--nomad")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sb.residue("static-net", cid, ips) == [] and sb.record(cid) is None
