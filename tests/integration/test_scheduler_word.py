@@ -175,3 +175,18 @@ def test_a_static_ipam_attachment_left_for_the_runtime_is_cleaned_on_the_schedul
     out = sweep(sb, agent, "--nomad")
     assert out.returncode == 0, out.stdout + out.stderr
     assert sb.residue("static-net", cid, ips) == [] and sb.record(cid) is None
+
+
+def test_observe_mode_removes_nothing_on_the_word_not_even_the_namespace(sb, agent):
+    done, done_ips, done_ns = allocation(sb, 8086)
+    agent.allocation(done, "complete")
+    before = snapshot(sb, done, done_ips)
+    conf_dir = sb.root / "observe-conf"
+    conf_dir.mkdir()
+    (conf_dir / "nomad-reaper.conflist").write_text(sb.conflist(mode="observe").read_text())
+    argv = [str(sb.plugin_dir / "cni-reaper"), "sweep", "--apply", "--nomad", "--nomad-remove-netns",
+            "--cni-conf-dir", str(conf_dir), "--log-file", str(sb.log_file)]
+    out = sb.run(argv, env={"NOMAD_ADDR": agent.serving.address})
+    assert out.returncode == 3 and "observe mode" in out.stdout, out.stdout + out.stderr
+    assert os.path.exists(done_ns)
+    assert snapshot(sb, done, done_ips) == before

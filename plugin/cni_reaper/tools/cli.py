@@ -345,7 +345,7 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
             runs = _sweep_runs(args, group, records)
             confs = {n: conf for conf, n in runs if n}
             modes = _modes(store, group, records, _settings(args))
-            said = nomad_word.verdicts(word, records, view, args.apply, args)
+            said = nomad_word.verdicts(word, records, view, args.apply, args, modes)
             for conf, network in runs:
                 sel = select(records, view, confs, conf, only_network=network, verdicts=said.verdicts)
                 if args.orphans:

@@ -102,9 +102,10 @@ class Said:
         counters.add_by_kind(store, "schedulersWord", counts)
 
 
-def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply: bool, args: Any) -> Said:
+def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply: bool, args: Any,
+             modes: dict[str, str] | None = None) -> Said:
     """The verdicts of the records the word proves over; with --nomad-remove-netns and --apply, their
-    namespace mounts go first."""
+    namespace mounts go first (never of a network in observe mode: `modes`, network -> clean or observe)."""
     said = Said()
     if word is None:
         return said
@@ -116,7 +117,8 @@ def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply
         if why is None:
             continue
         f = Facts.of_life(life)
-        if remove and r["deleted"] is None and _pinned_here(f) and _remove_netns(r, f, view):
+        observed = (modes or {}).get(r["network"]) == "observe"
+        if remove and not observed and r["deleted"] is None and _pinned_here(f) and _remove_netns(r, f, view):
             said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
         said.verdicts[key(r)] = _verdict(why, f, view)
     return said
