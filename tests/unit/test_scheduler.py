@@ -154,3 +154,21 @@ def test_a_token_file_is_preferred_to_nomad_token(tmp_path):
 def test_an_agent_that_is_not_there_proves_nothing(tmp_path):
     word = scheduler.ask(nomad.Agent(nomad.Connection(f"unix://{tmp_path}/none.sock")), {new_id()})
     assert word.over == {} and "cannot be asked" in word.problems[0]
+
+
+def test_a_token_file_or_a_client_id_that_is_a_fifo_is_refused_at_once(standin, tmp_path):
+    import os
+    import time
+
+    fifo = tmp_path / "token-fifo"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    with pytest.raises(nomad.Unreachable, match="not a regular file"):
+        nomad.Connection.of_env({}, str(fifo))
+    ids = os.path.join(standin.data_dir, "client", "client-id")
+    os.unlink(ids)
+    os.mkfifo(ids)
+    standin.allocation(new_id(), "complete")
+    word = ask(standin, {a["ID"] for a in standin.allocations})
+    assert word.over == {} and "cannot be read here" in word.problems[0]
+    assert time.monotonic() - started < 5

@@ -71,8 +71,7 @@ class Connection:
         token, source = env.get("NOMAD_TOKEN", ""), "NOMAD_TOKEN" if env.get("NOMAD_TOKEN") else ""
         if path:
             try:
-                with open(path, encoding="utf-8") as f:
-                    token, source = f.read(4096).strip(), path
+                token, source = read_small(path).strip(), path
             except (OSError, UnicodeDecodeError) as exc:
                 why = getattr(exc, "strerror", None) or exc
                 raise Unreachable(f"the token file {path} cannot be read ({why})") from None
@@ -202,10 +201,24 @@ def enabled(env: Mapping[str, str], flag: bool) -> bool:
     return flag or env.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def read_small(path: str, limit: int = 4096) -> str:
+    """The text of a small regular file (symlinks followed), read without ever waiting on it: a FIFO, a
+    device or a directory there is an OSError at once."""
+    import errno
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.read(fd, limit).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
 def read_client_id(state_dir: str) -> str | None:
     """The node ID a Nomad client keeps in `<its state dir>/client-id` on this host (None: not readable)."""
     try:
-        with open(os.path.join(state_dir, "client-id"), encoding="ascii") as f:
-            return f.read(128).strip() or None
+        return read_small(os.path.join(state_dir, "client-id"), 128).strip() or None
     except (OSError, UnicodeDecodeError):
         return None
