@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.sandbox import binary_exe
+
 pytestmark = pytest.mark.netns
 NODE = "5d5ed6c4-7b4b-43a0-9b59-8d9b2f7a3c11"
 DONE = "0f0e0d0c-0b0a-4000-8000-000000000001"
@@ -58,11 +60,22 @@ with Serving(agent, cert=d + "/agent.pem", key=d + "/agent.key", client_ca=d + "
     for name, env in cases.items():
         w = scheduler.ask(nomad.Agent(nomad.Connection.of_env(env)), {sys.argv[3]})
         out[name] = {"over": sorted(w.over), "problems": w.problems}
+    if len(sys.argv) > 4:  # the frozen bundle (its own Python and OpenSSL) asked the same, through doctor
+        import subprocess
+        for name in ("ca+name+cert", "no-ca"):
+            env = dict(cases[name], CNI_REAPER_NOMAD="1", PATH="/usr/sbin:/usr/bin:/sbin:/bin")
+            r = subprocess.run([sys.argv[4], "doctor", "--json", "--cni-conf-dir", d + "/none", "--state-dir",
+                                d + "/state"], env=env, capture_output=True, text=True, timeout=60)
+            found = [f for f in json.loads(r.stdout)["findings"] if f["check"] == "nomad"]
+            out["bundle " + name] = found[0]["status"] + " " + found[0]["message"]
 print(json.dumps(out))
 '''
 
 
-def test_tls_with_the_nomad_clis_settings(tmp_path):
+@pytest.mark.parametrize("exe", ["package", "binary"])
+def test_tls_with_the_nomad_clis_settings(tmp_path, exe):
+    """The package's client, and (binary) the frozen bundle's, whose Python and OpenSSL are its own."""
+    extra = [binary_exe()] if exe == "binary" else []
     certificates(tmp_path)
     capath = tmp_path / "capath"
     capath.mkdir()
@@ -70,7 +83,7 @@ def test_tls_with_the_nomad_clis_settings(tmp_path):
                        text=True, check=True).stdout.strip()
     (capath / f"{h}.0").write_bytes((tmp_path / "ca.pem").read_bytes())
     run = subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable, "-c",
-                          RUNNER, str(tmp_path), NODE, DONE], capture_output=True, text=True, timeout=120,
+                          RUNNER, str(tmp_path), NODE, DONE, *extra], capture_output=True, text=True, timeout=180,
                          env={"PYTHONPATH": f"{TESTS}:{TESTS.parent / 'plugin'}", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
@@ -80,3 +93,6 @@ def test_tls_with_the_nomad_clis_settings(tmp_path):
                       ("no-client-cert", ""), ("plain-http", "")):
         assert got[bad]["over"] == [] and len(got[bad]["problems"]) == 1, (bad, got[bad])
         assert "cannot be asked" in got[bad]["problems"][0] and said in got[bad]["problems"][0], (bad, got[bad])
+    if extra:
+        assert got["bundle ca+name+cert"].startswith("OK ") and NODE in got["bundle ca+name+cert"], got
+        assert got["bundle no-ca"].startswith("FAIL ") and "CERTIFICATE_VERIFY_FAILED" in got["bundle no-ca"], got
