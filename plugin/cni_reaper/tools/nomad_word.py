@@ -114,11 +114,11 @@ def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply
     for r in records:
         life = r["current"]
         why = word.says_over(r["containerID"], parse_time(life.get("createdAt")))
-        if why is None:
+        if why is None or r["deleted"] is not None:  # a DEL ran: its tombstone is judged as ever (it may be in flight)
             continue
         f = Facts.of_life(life)
         observed = (modes or {}).get(r["network"]) == "observe"
-        if remove and not observed and r["deleted"] is None and _pinned_here(f) and _remove_netns(r, f, view):
+        if remove and not observed and _pinned_here(f) and _remove_netns(r, f, view):
             said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
         said.verdicts[key(r)] = _verdict(why, f, view)
     return said
