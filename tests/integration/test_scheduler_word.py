@@ -100,6 +100,10 @@ def test_an_allocation_over_by_the_agents_word_loses_its_rules_then_its_namespac
     assert os.path.exists(running_ns)
     logged = [json.loads(l)["msg"] for l in sb.log_file.read_text().splitlines()]
     assert "namespace removed" in logged
+    journal = sb.cli("journal", done).stdout
+    assert f"network namespace {done_ns} removed on Nomad's word (cannot be put back)" in journal, journal
+    undo = sb.cli("undo", done, "--dry-run")
+    assert "cannot be put back" in undo.stdout + undo.stderr, undo.stdout + undo.stderr
     metrics = sb.cli("metrics").stdout
     assert f'cni_reaper_schedulers_word_total{{network="{NET}",kind="attachments"}} 1' in metrics, metrics
     assert f'cni_reaper_schedulers_word_total{{network="{NET}",kind="namespaces"}} 1' in metrics, metrics

@@ -345,7 +345,7 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
             runs = _sweep_runs(args, group, records)
             confs = {n: conf for conf, n in runs if n}
             modes = _modes(store, group, records, _settings(args))
-            said = nomad_word.verdicts(word, records, view, args.apply, args, modes)
+            said = nomad_word.verdicts(word, records, view, args.apply, args, modes, store)
             for conf, network in runs:
                 sel = select(records, view, confs, conf, only_network=network, verdicts=said.verdicts)
                 if args.orphans:
@@ -618,6 +618,8 @@ def _what(item: dict) -> str:
         return f"libcni's cached result {item['entry']} (its addresses forgotten)"
     if kind == "conntrack":
         return f"conntrack: {item['entries']} entries of {item['ip']} cleared (cannot be put back)"
+    if kind == "netns":
+        return f"network namespace {item['netns']} removed on Nomad's word (cannot be put back)"
     return "the record" if kind == "record" else str(kind)
 
 

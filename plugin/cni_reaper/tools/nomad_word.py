@@ -14,6 +14,7 @@ from cni_reaper import log
 from cni_reaper.reap import netns, nomad, probes, scheduler
 from cni_reaper.reap.evidence import DEAD, Facts, judge_life
 from cni_reaper.reap.sweep import Verdict
+from cni_reaper.state.journal import Journal
 from cni_reaper.state.record import key, parse_time
 
 TYPE_CHECKING = False
@@ -103,9 +104,10 @@ class Said:
 
 
 def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply: bool, args: Any,
-             modes: dict[str, str] | None = None) -> Said:
+             modes: dict[str, str] | None = None, store: Any = None) -> Said:
     """The verdicts of the records the word proves over; with --nomad-remove-netns and --apply, their
-    namespace mounts go first (never of a network in observe mode: `modes`, network -> clean or observe)."""
+    namespace mounts go first (never of a network in observe mode: `modes`, network -> clean or observe),
+    each journaled in `store`'s journal before it goes."""
     said = Said()
     if word is None:
         return said
@@ -118,7 +120,7 @@ def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply
             continue
         f = Facts.of_life(life)
         observed = (modes or {}).get(r["network"]) == "observe"
-        if remove and not observed and _pinned_here(f) and _remove_netns(r, f, view):
+        if remove and not observed and store is not None and _pinned_here(f) and _remove_netns(r, f, view, store):
             said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
         said.verdicts[key(r)] = _verdict(why, f, view)
     return said
@@ -144,7 +146,7 @@ def _pinned_here(f: Facts) -> bool:
             and f.ns[2] is not None and now["ctime"] == f.ns[2])
 
 
-def _remove_netns(r: dict[str, Any], f: Facts, view: View) -> bool:
+def _remove_netns(r: dict[str, Any], f: Facts, view: View, store: Any) -> bool:
     fields = {"network": r["network"], "containerID": r["containerID"], "netns": f.netns}
     ns = f.ns
     assert ns is not None
@@ -153,8 +155,16 @@ def _remove_netns(r: dict[str, Any], f: Facts, view: View) -> bool:
         log.event("warning", "namespace kept: a process is in it", pid=pid, **fields)
         view.note(f"Nomad says an allocation is over, but a process is in its network namespace (pid {pid})")
         return False
+    journal = Journal(store)
+    try:
+        event = journal.intent(log.field("verb"), [{"kind": "netns", "key": list(key(r)), "netns": f.netns}])
+    except OSError as exc:
+        view.note(f"the journal cannot be written ({exc.strerror}): no namespace is removed unnoted")
+        return False
     problem = netns.remove(f.netns)
-    if problem is not None:
+    if problem is None:
+        journal.done(event, [0])
+    else:
         log.event("warning", "namespace kept", why=problem, **fields)
         view.note(problem)
         return False

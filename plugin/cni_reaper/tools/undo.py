@@ -112,7 +112,7 @@ def _put_back(store: Store, entries: list[Removed], holders: Holders, report: Re
             report.no(e, f"its journal entry is damaged ({damage}): not put back")
         else:
             kinds.setdefault(e.item.get("kind", ""), []).append(e)
-    report.unrestorable = kinds.pop("conntrack", [])
+    report.unrestorable = kinds.pop("conntrack", []) + kinds.pop("netns", [])
     _reservations(kinds.get("reservation", []), holders, report, dry_run, held)
     ports = port_map() if kinds.get("iptables") or kinds.get("nft") else PortMap()
     _iptables(kinds.get("iptables", []), holders, ports, report, dry_run)
@@ -161,6 +161,7 @@ _SHAPES: dict[str, dict[str, Any]] = {
     "cache": {"cacheDir": _absolute, "entry": _name, "content": _json_object},
     "record": {"record": lambda v: isinstance(v, dict)},
     "conntrack": {},
+    "netns": {"netns": _absolute},
 }
 
 
