@@ -476,7 +476,7 @@ class Tombstone(TombstoneV1):
     cached: Optional[bool]  # whether libcni cached the attachment when DEL ran (None: not known)
 
 
-class Settings(BaseModel):
+class RecordSettings(BaseModel):
     """The settings a record is cleaned with, whichever network's verb runs the sweep."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -554,7 +554,7 @@ class Record(BaseModel):
     current: Life
     earlier: List[Life] = Field(max_length=MAX_EARLIER_INCARNATIONS)
     cniArgs: Dict[str, str]
-    settings: Optional[Settings]
+    settings: Optional[RecordSettings]
     pluginVersion: str = Field(max_length=MAX_TEXT)
     deleted: Optional[Tombstone]
     left: Optional[Union[Held, Left]] = None  # may be absent

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from cni_reaper.cni.conf import parse
-from cni_reaper.reap.cleanup import APPLY_ATTEMPTS, Settings, clean
+from cni_reaper.reap.cleanup import APPLY_ATTEMPTS, CleanupOptions, clean
 from cni_reaper.reap.netfilter.interface import BackendError
 from cni_reaper.reap.targets import Target
 from testkit.artifacts import leak
@@ -47,8 +47,8 @@ DEAD = [("dead-a", "172.26.64.2", 8080), ("dead-b", "172.26.64.3", 8081)]
 LIVE = ("live-c", "172.26.64.4", 8082)
 
 
-def settings(conf, backend_for, dry_run: bool = False) -> Settings:
-    return Settings([conf.ipamDataDir], conf.lockTimeout, backend_for, dry_run)
+def settings(conf, backend_for, dry_run: bool = False) -> CleanupOptions:
+    return CleanupOptions([conf.ipamDataDir], conf.lockTimeout, backend_for, dry_run)
 
 
 def run(conf, fake: FakeBackend, targets=None, dry_run: bool = False):

@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from cni_reaper.cni.settings_file import Settings
+from cni_reaper.cni.settings_file import SettingsFile
 from cni_reaper.state import modes
 
 
 def file_with(networks=None, keys=None, problem=""):
-    s = Settings("/etc/cni-reaper/config.json")
+    s = SettingsFile("/etc/cni-reaper/config.json")
     s.networks, s.keys, s.problem = networks or {}, keys or {}, problem
     return s
 

@@ -154,7 +154,7 @@ class Conf:
     stateDir: str | None  # None only for a DEL that goes on without one
     type: str
     warnings: list[str]
-    wrapped_by: Any  # cni.settings_file.Settings: the settings file of the wrapper that serves this call (None: chained)
+    wrapped_by: Any  # cni.settings_file.SettingsFile: the settings file of the wrapper that serves this call (None: chained)
 
     def __init__(self, **kw: Any) -> None:
         for k in self.__slots__:

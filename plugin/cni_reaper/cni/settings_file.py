@@ -25,7 +25,7 @@ FILE_KEYS = (*OWN_KEYS, "cniPath", "wrapTimeout", "networks")
 DEFAULT_WRAP_TIMEOUT = 10.0
 
 
-class Settings:
+class SettingsFile:
     __slots__ = ("cni_path", "keys", "networks", "path", "problem", "wrap_timeout")
 
     def __init__(self, path: str) -> None:
@@ -45,8 +45,8 @@ def path_of(env: Mapping[str, str]) -> str:
     return env.get("CNI_REAPER_CONFIG") or DEFAULT_FILE
 
 
-def load(env: Mapping[str, str]) -> Settings:
-    s = Settings(path_of(env))
+def load(env: Mapping[str, str]) -> SettingsFile:
+    s = SettingsFile(path_of(env))
     try:
         data = _read_regular(s.path)
     except FileNotFoundError:
@@ -86,7 +86,7 @@ def _read_regular(path: str) -> bytes:
         os.close(fd)
 
 
-def _take(s: Settings, v: dict[str, Any]) -> None:
+def _take(s: SettingsFile, v: dict[str, Any]) -> None:
     s.keys = {k: v[k] for k in OWN_KEYS if k in v}
     if isinstance(v.get("cniPath"), str):
         s.cni_path = v["cniPath"]

@@ -31,7 +31,7 @@ from cni_reaper.reap.targets import NETFILTER_PARTS, Target
 APPLY_ATTEMPTS = 3
 
 
-class Settings:
+class CleanupOptions:
     """What a clean-up needs to know beyond its targets: every data dir where reservations may be (for the
     claims), the lock timeout, and the test hook for backends."""
 
@@ -51,7 +51,7 @@ class Settings:
             self.journal.done(event, removed)
 
 
-def clean(targets: list[Target], holders: dict[tuple[str, str, str], set[str]], settings: Settings) -> Outcome:
+def clean(targets: list[Target], holders: dict[tuple[str, str, str], set[str]], settings: CleanupOptions) -> Outcome:
     """Remove what `targets` left behind. Never raises: failures are logged and reported in the outcome (the
     caller keeps the record for a retry). `holders` maps the key of every attachment that is live, unknown or
     being deleted to the addresses it holds."""
@@ -120,7 +120,7 @@ def _log(outcome: Outcome) -> None:
 
 
 # -- netfilter ------------------------------------------------------------------------------------
-def _clean_netfilter(targets: list[Target], protected: dict, settings: Settings, outcome: Outcome) -> None:
+def _clean_netfilter(targets: list[Target], protected: dict, settings: CleanupOptions, outcome: Outcome) -> None:
     from cni_reaper.reap.netfilter.domain import domains
 
     wanted = [t for t in targets if t.parts & NETFILTER_PARTS]
@@ -136,7 +136,7 @@ def _owners(domain: Domain) -> dict[tuple[str, str], tuple[str, str, str]]:
     return {(t.network, t.container_id): t.key for t in domain.targets}
 
 
-def _journaled(domain: Domain, snapshot: Any, ops: list[Any], settings: Settings) -> str | None:
+def _journaled(domain: Domain, snapshot: Any, ops: list[Any], settings: CleanupOptions) -> str | None:
     """Journal the ops (each item with the key of the attachment it was left by), then apply them."""
     owners = _owners(domain)
     items = [dict(item, key=list(owners[op.owner])) for item, op in zip(domain.journal(snapshot, ops), ops)]
@@ -146,7 +146,7 @@ def _journaled(domain: Domain, snapshot: Any, ops: list[Any], settings: Settings
     return event
 
 
-def _clean_domain(domain: Domain, outcome: Outcome, settings: Settings) -> None:
+def _clean_domain(domain: Domain, outcome: Outcome, settings: CleanupOptions) -> None:
     """Read, plan, apply in one transaction; on failure (a concurrent writer changed the tables) read, plan and
     try again; then one operation at a time. A held xtables lock stops at once: a later call will retry.
     What is applied is journaled first (state/journal.py)."""
@@ -176,7 +176,7 @@ def _clean_domain(domain: Domain, outcome: Outcome, settings: Settings) -> None:
     _apply_one_by_one(domain, outcome, settings)
 
 
-def _apply_one_by_one(domain: Domain, outcome: Outcome, settings: Settings) -> None:
+def _apply_one_by_one(domain: Domain, outcome: Outcome, settings: CleanupOptions) -> None:
     """The transaction kept failing: apply each operation alone so that one stubborn rule does not keep the
     rest. Whatever fails is logged and the owner's record is kept for a later retry."""
     from cni_reaper.reap.netfilter.interface import BackendError
@@ -208,7 +208,7 @@ def _skipped(domain: Domain, p: Plan, outcome: Outcome) -> None:
 
 
 # -- conntrack and reservations ------------------------------------------------------------------------
-def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, settings: Settings) -> None:
+def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, settings: CleanupOptions) -> None:
     """Once a dead attachment's rules are gone: the conntrack entries whose reply source or original
     destination is one of its dead addresses, never for an address someone else holds (protected). They
     cannot be put back: the journal says they were cleared."""
@@ -237,7 +237,7 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, s
 
 
 def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome,
-             settings: Settings) -> None:
+             settings: CleanupOptions) -> None:
     """Per dead address that no other life of its container holds: libcni's cached result of the attachment
     forgets it, then its own reservation (if there is one still) is removed. A later DEL of the dead
     attachment (the runtime's, or libcni 1.3's GC) would otherwise hand the address to the firewall plugin,
@@ -260,7 +260,7 @@ def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], 
         outcome.note(t.key, f"host-local reservation {r.network}/{r.ip}", "reservation")
 
 
-def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, str], NetworkDir], settings: Settings,
+def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, str], NetworkDir], settings: CleanupOptions,
                  outcome: Outcome) -> list[int]:
     """Remove the reservations `due`, journaled first, a batch at a time; the indexes of those removed. (One
     after the other: each is a read, a comparison and an unlink, mostly Python; two threads took as long
@@ -284,7 +284,7 @@ def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, st
     return released
 
 
-def _forget(targets: list[Target], outcome: Outcome, settings: Settings) -> None:
+def _forget(targets: list[Target], outcome: Outcome, settings: CleanupOptions) -> None:
     """libcni's cached results of the targets forget their dead addresses, journaled first, a batch at a time;
     a target whose cached result names one and could not be rewritten keeps its reservations (failed)."""
     from cni_reaper.reap import cache

@@ -41,7 +41,7 @@ def tagged(backend: str) -> dict[tuple[str, str], set[str]]:
     from cni_reaper.reap.netfilter.iptables.plan import tagged_networks
     from cni_reaper.reap.netfilter.nftables.backend import NftBackend
     from cni_reaper.reap.netfilter.nftables.plan import hostport_owners, tagged_natively
-    from cni_reaper.reap.netfilter.select import select
+    from cni_reaper.reap.netfilter.select import backend_of
 
     found: dict[tuple[str, str], set[str]] = {}
     rules = NftBackend().read()
@@ -49,7 +49,7 @@ def tagged(backend: str) -> dict[tuple[str, str], set[str]]:
         found.setdefault(owner, set()).update(addresses)
     for family in (4, 6):
         try:
-            b = select(backend, family)
+            b = backend_of(backend, family)
         except BackendError:
             if family == 4:
                 raise

@@ -60,7 +60,7 @@ class Verdict:
         self.state, self.why, self.parts = state, why, parts
 
 
-class Settings:
+class RecordSettings:
     """The settings a record is cleaned with: its own (recorded with it), or its network's."""
 
     __slots__ = ("backend", "cache_dir", "ipam_dir")
@@ -69,18 +69,18 @@ class Settings:
         self.ipam_dir, self.cache_dir, self.backend = ipam_dir, cache_dir, backend
 
     @classmethod
-    def of_conf(cls, conf: Any) -> Settings:
+    def of_conf(cls, conf: Any) -> RecordSettings:
         return cls(conf.ipamDataDir, conf.cniCacheDir, conf.backend)
 
 
-def settings_of(record: dict[str, Any], confs: dict[str, Any]) -> Settings | None:
+def settings_of(record: dict[str, Any], confs: dict[str, Any]) -> RecordSettings | None:
     """A record's settings: recorded with it; for a record of cni-reaper 0.2, its network's configuration
     when the sweep has it (None: this sweep must leave the record to a sweep that knows its network)."""
     s = record["settings"]
     if s is not None:
-        return Settings(s["ipamDataDir"], s["cniCacheDir"], s["backend"])
+        return RecordSettings(s["ipamDataDir"], s["cniCacheDir"], s["backend"])
     conf = confs.get(record["network"])
-    return Settings.of_conf(conf) if conf is not None else None
+    return RecordSettings.of_conf(conf) if conf is not None else None
 
 
 # -- judging ----------------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ class Judged:
 
     __slots__ = ("by_runtime", "earlier", "parts", "record", "settings", "state", "why")
 
-    def __init__(self, record: dict[str, Any], state: str, why: str, settings: Settings | None,
+    def __init__(self, record: dict[str, Any], state: str, why: str, settings: RecordSettings | None,
                  earlier: list[tuple[str, str]], by_runtime: bool = False, parts: frozenset[str] | None = None) -> None:
         self.record, self.state, self.why, self.settings, self.earlier = record, state, why, settings, earlier
         self.by_runtime = by_runtime  # the verdict is the runtime's word (its DEL of it, GC's valid list, Nomad's)
@@ -156,11 +156,11 @@ def _judge(sel: Selection, r: dict[str, Any], confs: dict[str, Any], default: An
     k = key(r)
     s = settings_of(r, confs)
     state, why = (verdict.state, verdict.why) if verdict is not None else \
-        judge_record(r, sel.view, (s or Settings.of_conf(default)).cache_dir)
+        judge_record(r, sel.view, (s or RecordSettings.of_conf(default)).cache_dir)
     far = out_of_reach(Facts.of_life(r["current"]), sel.view)
     if far and state in SWEEPABLE:
         state, why = UNKNOWN, far
-    earlier = [judge_life(Facts.of_life(inc), sel.view) for inc in r["earlier"]]
+    earlier = [judge_life(Facts.of_life(life), sel.view) for life in r["earlier"]]
     _note_holdings(sel, r, state, earlier, k in exclude)
     if state == UNKNOWN:
         sel.view.note(why)
@@ -176,9 +176,9 @@ def _note_holdings(sel: Selection, r: dict[str, Any], state: str, earlier: list[
     k = key(r)
     if state in HOLDING or excluded:
         sel.hold(k, ips(r["current"]))
-    for inc, (st, _) in zip(r["earlier"], earlier):
+    for life, (st, _) in zip(r["earlier"], earlier):
         if st != DEAD or state in (UNKNOWN, WAIT):
-            sel.hold(k, ips(inc))
+            sel.hold(k, ips(life))
 
 
 def select(records: Iterable[dict[str, Any]], view: View, confs: dict[str, Any], default: Any,
@@ -223,7 +223,7 @@ def select_indexed(store: Store, view: View, conf: Any, exclude: frozenset = fro
 
 
 # -- targets ------------------------------------------------------------------------------------------
-def _expect(life: dict[str, Any], record: dict[str, Any], s: Settings, view: View) -> dict[str, Any]:
+def _expect(life: dict[str, Any], record: dict[str, Any], s: RecordSettings, view: View) -> dict[str, Any]:
     """What each address of a life expects its own reservation to be (targets.Expect)."""
     from cni_reaper.reap.targets import Expect
 
@@ -257,7 +257,7 @@ def dead_target(j: Judged, view: View, keep_masq_chain: bool = False, parts: Ite
     r, s = j.record, j.settings
     assert s is not None
     if lives is None:
-        lives = [r["current"]] + [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st == DEAD]
+        lives = [r["current"]] + [life for life, (st, _) in zip(r["earlier"], j.earlier) if st == DEAD]
     expect: dict[str, Any] = {}
     for life in reversed(lives):  # the newest life's expectation wins for an address two lives held
         expect.update(_expect(life, r, s, view))
@@ -273,7 +273,7 @@ def earlier_target(j: Judged, view: View) -> Target | None:
 
     r, s = j.record, j.settings
     assert s is not None
-    dead = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st == DEAD]
+    dead = [life for life, (st, _) in zip(r["earlier"], j.earlier) if st == DEAD]
     old = ips(*dead) - ips(r["current"])
     if not old:
         return None
@@ -324,15 +324,14 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
 def _cleaned(store: Store | None, lock_timeout: float, sel: Selection, targets: list[Target], watching: set[str],
              dry_run: bool, backend_for: Any, journal: Any) -> Outcome:
     """Clean the targets of networks in clean mode; plan (a dry run) those of networks in observe mode."""
-    from cni_reaper.reap.cleanup import Settings as CleanSettings
-    from cni_reaper.reap.cleanup import clean
+    from cni_reaper.reap.cleanup import CleanupOptions, clean
 
     data_dirs = [*sel.data_dirs, *DEFAULT_IPAM_DIRS]
     outcome = clean([t for t in targets if t.network not in watching], sel.holders,
-                    CleanSettings(data_dirs, lock_timeout, backend_for, dry_run, journal, log.field("verb")))
+                    CleanupOptions(data_dirs, lock_timeout, backend_for, dry_run, journal, log.field("verb")))
     watched = [t for t in targets if t.network in watching]
     if watched:
-        seen = clean(watched, sel.holders, CleanSettings(data_dirs, lock_timeout, backend_for, dry_run=True))
+        seen = clean(watched, sel.holders, CleanupOptions(data_dirs, lock_timeout, backend_for, dry_run=True))
         _observed(store if not dry_run else None, sel, seen, outcome)
     return outcome
 
@@ -420,7 +419,7 @@ def _settling(j: Judged, watching: set[str]) -> list[dict[str, Any]] | None:
     r = j.record
     if j.key[0] in watching and not (j.state == DONE and not (r["deleted"] or {}).get("verify", True)):
         return None  # observe mode: nothing of it was removed
-    kept = [inc for inc, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
+    kept = [life for life, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
     if not (j.state in SWEEPABLE or (j.state == LIVE and len(kept) != len(r["earlier"]))):
         return None
     return kept

@@ -105,7 +105,7 @@ def wrapped_networks(store: Store) -> set[str]:
 def resolved(known: dict[str, str], wrapped: set[str], file: Any, networks: Iterable[str]) -> dict[str, str]:
     """The mode a sweep gives each network: observe when any authority says so, clean only when all say clean.
     The authorities: the state directory (`known`: the network's own calls), and the settings file of wrapped
-    networks (`file`, cni.settings_file.Settings, or None) for a network it names, and with its top-level keys for
+    networks (`file`, cni.settings_file.SettingsFile, or None) for a network it names, and with its top-level keys for
     every network a wrapper served (`wrapped`): a wrapped network's mode is the file's wherever its records
     are swept, whatever network's call or CLI sweeps them (a file that says observe stops every sweep)."""
     from cni_reaper.cni.conf import mode_of

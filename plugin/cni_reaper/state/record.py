@@ -168,12 +168,12 @@ def settings(ipam_data_dir: str, cni_cache_dir: str, backend: str) -> dict[str, 
     return {"ipamDataDir": ipam_data_dir, "cniCacheDir": cni_cache_dir, "backend": backend}
 
 
-def _ip_set(inc: Life) -> list:
-    return sorted((ip["address"], ip["prefix"], ip["family"]) for ip in inc["ips"])
+def _ip_set(life: Life) -> list:
+    return sorted((ip["address"], ip["prefix"], ip["family"]) for ip in life["ips"])
 
 
-def _ns_key(inc: Life) -> tuple | None:
-    n = inc.get("netnsId")
+def _ns_key(life: Life) -> tuple | None:
+    n = life.get("netnsId")
     return (n["dev"], n["ino"], n.get("ctime")) if n else None
 
 
@@ -284,8 +284,8 @@ def key(record: Record) -> tuple[str, str, str]:
     return (record["network"], record["containerID"], record["ifname"])
 
 
-def ips(*incs: Life) -> set[str]:
-    return {ip["address"] for inc in incs for ip in inc["ips"]}
+def ips(*lives: Life) -> set[str]:
+    return {ip["address"] for life in lives for ip in life["ips"]}
 
 
 def upgrade(data: Record) -> Record:
@@ -301,10 +301,10 @@ def upgrade(data: Record) -> Record:
     return out
 
 
-def _upgrade_life(inc: Life) -> Life:
-    ns = inc["netnsId"]
-    return dict(inc, netnsId=dict(ns, ctime=None) if ns else None, netnsDir=None, host=None, veth=None,
-                ips=[dict(ip, reservation=None) for ip in inc["ips"]])
+def _upgrade_life(life: Life) -> Life:
+    ns = life["netnsId"]
+    return dict(life, netnsId=dict(ns, ctime=None) if ns else None, netnsDir=None, host=None, veth=None,
+                ips=[dict(ip, reservation=None) for ip in life["ips"]])
 
 
 # -- checking what was read back ----------------------------------------------------------------------
@@ -363,9 +363,9 @@ def _netns_id_problem(ns: Any, schema: int) -> bool:
                 and (ns["ctime"] is None or _is_int(ns["ctime"])))
 
 
-def _evidence_problem(inc: dict[str, Any]) -> bool:
+def _evidence_problem(life: dict[str, Any]) -> bool:
     """Whether the schema 2 fields of a life are malformed."""
-    d, host, veth = inc["netnsDir"], inc["host"], inc["veth"]
+    d, host, veth = life["netnsDir"], life["host"], life["veth"]
     return ((d is not None and not _dir_ok(d)) or (host is not None and not _host_ok(host))
             or (veth is not None and not (_keys(veth, _VETH) and _text(veth["name"], MAX_LINK)
                                           and _is_int(veth["ifindex"]))))
@@ -396,18 +396,18 @@ def _port_ok(p: Any) -> bool:
             and len(p["hostIP"]) <= 64)
 
 
-def _life_problem(inc: Any, schema: int) -> str | None:
-    if not _keys(inc, _LIFE[schema]):
+def _life_problem(life: Any, schema: int) -> str | None:
+    if not _keys(life, _LIFE[schema]):
         return "life: not an object with exactly the keys of its schema"
-    if not _text(inc["netns"]) or not _time_ok(inc["createdAt"]):
+    if not _text(life["netns"]) or not _time_ok(life["createdAt"]):
         return "life: bad netns or createdAt"
-    if _netns_id_problem(inc["netnsId"], schema):
+    if _netns_id_problem(life["netnsId"], schema):
         return "life: bad netnsId"
-    if schema == 2 and _evidence_problem(inc):
+    if schema == 2 and _evidence_problem(life):
         return "life: bad netnsDir, host or veth"
-    if not isinstance(inc["ips"], list) or len(inc["ips"]) > MAX_IPS or any(_ip_problem(ip, schema) for ip in inc["ips"]):
+    if not isinstance(life["ips"], list) or len(life["ips"]) > MAX_IPS or any(_ip_problem(ip, schema) for ip in life["ips"]):
         return f"life: bad ips (at most {MAX_IPS})"
-    ports = inc["portMappings"]
+    ports = life["portMappings"]
     if not isinstance(ports, list) or len(ports) > MAX_PORTS or not all(_port_ok(p) for p in ports):
         return f"life: bad portMappings (at most {MAX_PORTS})"
     return None
@@ -464,8 +464,8 @@ def problem(data: Any) -> str | None:
     head = _head_problem(data, schema)
     if head:
         return head
-    for inc in [data["current"], *data["earlier"]]:
-        err = _life_problem(inc, schema)
+    for life in [data["current"], *data["earlier"]]:
+        err = _life_problem(life, schema)
         if err:
             return err
     if _tombstone_problem(data["deleted"], schema):

@@ -216,13 +216,13 @@ def _records(state_dir: str) -> list[dict]:
 
 def _states(records: list[dict], group: list[Context], view) -> dict[tuple[str, str, str], tuple[str, str]]:
     """Each record's state and why, judged as the sweep judges it (with its own settings)."""
-    from cni_reaper.reap.sweep import Settings, judge_record, settings_of
+    from cni_reaper.reap.sweep import RecordSettings, judge_record, settings_of
     from cni_reaper.state.record import key
 
     confs = {c.network: c.conf for c in group if c.network}
     out = {}
     for r in records:
-        s = settings_of(r, confs) or Settings.of_conf(group[0].conf)
+        s = settings_of(r, confs) or RecordSettings.of_conf(group[0].conf)
         out[key(r)] = judge_record(r, view, s.cache_dir)
     return out
 
@@ -268,7 +268,7 @@ def _listed(r: dict, state: str, why: str, state_dir: str) -> dict:
         "ips": [f"{ip['address']}/{ip['prefix']}" for ip in cur["ips"]],
         "ports": [f"{p['hostPort']}->{p['containerPort']}/{p['protocol']}" for p in cur["portMappings"]],
         "netns": cur["netns"], "state": STATE_WORDS[state], "why": why,
-        "earlierIPs": sorted({f"{ip['address']}/{ip['prefix']}" for inc in r["earlier"] for ip in inc["ips"]}),
+        "earlierIPs": sorted({f"{ip['address']}/{ip['prefix']}" for life in r["earlier"] for ip in life["ips"]}),
         "createdAt": cur["createdAt"], "stateDir": state_dir,
     }
 

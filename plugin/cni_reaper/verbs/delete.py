@@ -45,11 +45,11 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
             parts.add("forward")
     from cni_reaper.reap import probes
     from cni_reaper.reap.evidence import DEAD, Facts, judge_life
-    from cni_reaper.reap.sweep import Judged, Settings, dead_target, earlier_target, settings_of
+    from cni_reaper.reap.sweep import Judged, RecordSettings, dead_target, earlier_target, settings_of
     from cni_reaper.reap.targets import PARTS
 
-    s = settings_of(record, {conf.name: conf}) or Settings.of_conf(conf)
-    earlier = [judge_life(Facts.of_life(inc), view) for inc in record["earlier"]]
+    s = settings_of(record, {conf.name: conf}) or RecordSettings.of_conf(conf)
+    earlier = [judge_life(Facts.of_life(life), view) for life in record["earlier"]]
     j = Judged(record, DEAD, "DEL", s, earlier, by_runtime=True)
     if not same:
         lives = [record["current"], *record["earlier"]]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 from cni_reaper import jsonio
-from cni_reaper.cni.settings_file import Settings, load
+from cni_reaper.cni.settings_file import SettingsFile, load
 from cni_reaper.wrap import real, spawn
 
 # what the runtime hands every plugin (libcni puts them into each entry), as opposed to the wrapped plugin's keys
@@ -127,7 +127,7 @@ def _ids(idents: set[tuple[int, int]]) -> str:
     return ",".join(f"{d}:{i}" for d, i in sorted(idents))
 
 
-def _quiet(settings: Settings, env: Mapping[str, str]) -> None:
+def _quiet(settings: SettingsFile, env: Mapping[str, str]) -> None:
     """The wrapper's stderr is the real plugin's alone: cni-reaper's own lines go to its log file only."""
     from cni_reaper import log
     from cni_reaper.cni.conf import DEFAULT_LOG_FILE
@@ -163,14 +163,14 @@ def _fail(msg: str, fix: str, command: str) -> int:
     return 1
 
 
-def _not_found(name: str, env: Mapping[str, str], settings: Settings, command: str) -> int:
+def _not_found(name: str, env: Mapping[str, str], settings: SettingsFile, command: str) -> int:
     where = ":".join(real.search_path(env, settings.cni_path)) or "(an empty path)"
     return _fail(f"cni-reaper wraps {name}, but no {name} plugin other than cni-reaper is in {where}",
                  f"install the reference plugins there, or put the wrapper's directory first and the plugins' after "
                  f"it in Nomad's client cni_path (and set cniPath in {settings.path} for runs without CNI_PATH)", command)
 
 
-def conf_for(stdin: bytes, result: bytes | None, settings: Settings) -> dict[str, Any] | None:
+def conf_for(stdin: bytes, result: bytes | None, settings: SettingsFile) -> dict[str, Any] | None:
     """cni-reaper's configuration for this call: what the runtime hands every plugin (the network's name and
     version, runtimeConfig, the capabilities of the wrapped entry, prevResult: for ADD the real plugin's
     result), and cni-reaper's own keys from the settings file, never the wrapped plugin's (portmap's
@@ -202,7 +202,7 @@ class Own:
     for all of it, whether it runs at once (`run`) or partly beside the real plugin (`later`: what the verb
     left for then, e.g. DEL's sweep of the other attachments)."""
 
-    def __init__(self, command: str, env: dict[str, str], settings: Settings) -> None:
+    def __init__(self, command: str, env: dict[str, str], settings: SettingsFile) -> None:
         self.command, self.env, self.settings = command, env, settings
         self.left: list[Callable[[], None]] = []
         self.budget = settings.wrap_timeout
@@ -254,7 +254,7 @@ class Own:
             self.budget -= time.monotonic() - start
 
 
-def _serve(command: str, conf: dict[str, Any], env: dict[str, str], settings: Settings,
+def _serve(command: str, conf: dict[str, Any], env: dict[str, str], settings: SettingsFile,
            later: list[Callable[[], None]]) -> None:
     import io
 

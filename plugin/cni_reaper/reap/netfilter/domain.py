@@ -122,10 +122,10 @@ def _families(targets: list[Target]) -> list[int]:
     return sorted(fams)
 
 
-def _selected(backend: str, family: int, backend_for: Any, select: Any) -> Backend | BackendError:
+def _selected(backend: str, family: int, backend_for: Any, backend_of: Any) -> Backend | BackendError:
     """The iptables backend a target's setting resolves to for `family`, or why there is none."""
     try:
-        return backend_for(family) if backend_for else select(backend, family)
+        return backend_for(family) if backend_for else backend_of(backend, family)
     except BackendError as exc:
         return exc
 
@@ -145,7 +145,7 @@ def domains(targets: list[Target], protected: dict, errors: list[str], failed: s
     it (then nothing can be read: an error, and those targets are kept). `backend_for(family | "native")`
     stands in for the real backends (tests)."""
     from cni_reaper.reap.netfilter.nftables.backend import NftBackend
-    from cni_reaper.reap.netfilter.select import select
+    from cni_reaper.reap.netfilter.select import backend_of
 
     wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
     out: list[Domain] = []
@@ -156,7 +156,7 @@ def domains(targets: list[Target], protected: dict, errors: list[str], failed: s
             if family not in _families([t]):
                 continue
             if (t.backend, family) not in chosen:
-                chosen[(t.backend, family)] = _selected(t.backend, family, backend_for, select)
+                chosen[(t.backend, family)] = _selected(t.backend, family, backend_for, backend_of)
             b = chosen[(t.backend, family)]
             if isinstance(b, BackendError):
                 _unreadable(t, family, b, errors, failed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from cni_reaper.reap.netfilter.interface import Backend, BackendError
 
 
-def select(backend: str = "auto", family: int = 4) -> Backend:
+def backend_of(backend: str = "auto", family: int = 4) -> Backend:
     """The backend for one family's tables: the flavour its tool on PATH uses, unless `backend` says which."""
     from cni_reaper.reap.netfilter import flavour as flavours
     from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
