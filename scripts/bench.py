@@ -169,7 +169,9 @@ def bench_limits(pairs: int) -> dict:
 
 
 # -- the verbs, per flavour -------------------------------------------------------------------------------
-def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
+def bench_verbs(flavour: str, pairs: int, driver: str, release: tuple[str, Path] | None = None) -> dict:
+    """ADD and DEL with nothing stale against portmap's, the floor and (`release`: its version and bundle)
+    the last release's, interleaved in the same rounds; each one's state directory its own."""
     with tempfile.TemporaryDirectory(prefix="cni-reaper-bench-") as t:
         tmp = Path(t)
         with Sandbox(tmp / "sb", flavour, str(BINARY), driver) as sb:
@@ -178,6 +180,7 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
             # 1,000 live records beside an empty state dir: what nothing stale costs at scale
             plant(sb, tmp, 1000, live_netns=live, state="state-1000")
             (tmp / "state").mkdir()
+            (tmp / "state-release").mkdir()
             stages: list[dict] = []
 
             def reaper_add(i):
@@ -193,6 +196,9 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
                 "cni-reaper ADD, 1,000 live records": lambda i: run(BINARY, cni_env("ADD", f"big-{i}", live),
                                                                     conf(tmp, ip_of(2000 + i), 31000 + i, netns=live, state="state-1000")),
             }
+            if release is not None:
+                calls[f"{release[0]} ADD"] = lambda i: run(release[1], cni_env("ADD", f"rel-{i}", live),
+                                                           conf(tmp, ip_of(5000 + i), 34000 + i, netns=live, state="state-release"))
             adds = interleaved(pairs, calls)
             calls = {
                 "cni-reaper DEL, nothing stale": lambda i: run(BINARY, cni_env("DEL", f"alloc-{i}", live),
@@ -201,6 +207,10 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
                 "cni-reaper DEL, 1,000 live records": lambda i: run(BINARY, cni_env("DEL", f"big-{i}", live),
                                                                     conf(tmp, ip_of(2000 + i), 31000 + i, netns=live, state="state-1000")),
             }
+            if release is not None:
+                calls[f"{release[0]} DEL, nothing stale"] = lambda i: run(
+                    release[1], cni_env("DEL", f"rel-{i}", live),
+                    conf(tmp, ip_of(5000 + i), 34000 + i, netns=live, state="state-release"))
             dels = interleaved(pairs, calls)
             scale = bench_scale(run, tmp, live, 3 * pairs)
             # a DEL that cleans one dead attachment (its netns is gone)
@@ -246,7 +256,20 @@ def bench_verbs(flavour: str, pairs: int, driver: str) -> dict:
                                                                               "cni-reaper DEL, nothing stale"),
                 "chain ADD share": round(chain["with cni-reaper"] / chain["without"] - 1, 3),
                 "chain ADD share of the floor": round(chain["with the floor"] / chain["without"] - 1, 3),
+                **_against_release(samples, release[0] if release else None),
             }}
+
+
+def _against_release(samples: dict[str, list[dict]], version: str | None) -> dict[str, float]:
+    """ADD and DEL with nothing stale over the release's, from the same rounds (the median of the rounds'
+    ratios: each pair ran beside the other)."""
+    if version is None:
+        return {}
+    out = {}
+    for verb, mine in (("ADD", "cni-reaper ADD"), ("DEL nothing stale", "cni-reaper DEL, nothing stale")):
+        theirs = samples[f"{version} ADD" if verb == "ADD" else f"{version} DEL, nothing stale"]
+        out[f"{verb} / {version} {verb}"] = round(statistics.median(a["s"] / b["s"] for a, b in zip(samples[mine], theirs)), 3)
+    return out
 
 
 def bench_scale(run: Runner, tmp: Path, live: str, rounds: int) -> dict:
@@ -563,7 +586,7 @@ def bench_native_sweep(n: int, driver: str) -> dict:
 
 # The release the sweeps are held to, measured in the same run: its commit, built the way it was built (its own
 # scripts/bundle.py on the cached root file system) and swept by its own bench code (its records' schema)
-REFERENCES = {"0.2.0": "c01a5d0337c2046f532fee624637a3e5a56af0bf"}
+REFERENCES = {"0.2.0": "c01a5d0337c2046f532fee624637a3e5a56af0bf", "0.4.0": "104b18b"}
 
 SWEEP_PROBE = """
 import json, os, sys
@@ -657,6 +680,8 @@ def bench_conntrack(n: int, per_ip: int = 3) -> dict:
 # -- the run ----------------------------------------------------------------------------------------
 TARGETS = [
     ("ADD <= 0.5 x portmap ADD", lambda r, f: r["verbs"][f]["ratios"]["ADD / portmap ADD"] <= 0.5),
+    ("ADD and DEL with nothing stale no slower than the last release's (paired rounds; --release '' skips it)",
+     lambda r, f: all(v <= 1.0 for k, v in r["verbs"][f]["ratios"].items() if k.startswith(("ADD / 0", "DEL nothing stale / 0")))),
     ("DEL nothing stale <= 1.0 x portmap DEL (legacy), <= 0.5 x (nft)",
      lambda r, f: r["verbs"][f]["ratios"]["DEL nothing stale / portmap DEL"] <= (1.0 if f == "legacy" else 0.5)),
     ("1,000 live records add <= 5 ms to an ADD (side by side, 3 x pairs rounds)",
@@ -682,6 +707,8 @@ def main() -> int:
     ap.add_argument("--against", default="0.2.0", help="the release whose 1,000-attachment sweeps main is held to, "
                     "in the same run ('' for none)")
     ap.add_argument("--against-rounds", type=int, default=5)
+    ap.add_argument("--release", default="0.4.0", help="the release whose ADD and DEL with nothing stale run beside "
+                    "main's in the same rounds ('' for none)")
     args = ap.parse_args()
     if args.quick:
         args.pairs, args.scales, args.nomad_way_max = 7, "10,100", 100
@@ -689,6 +716,10 @@ def main() -> int:
         print("bench: run as root (network namespaces)", file=sys.stderr)
         return 1
     driver = build_driver()
+    release = None
+    if args.release:
+        print(f"the {args.release} bundle ...", flush=True)
+        release = (args.release, reference_checkout(args.release) / "dist" / "cni-reaper" / "cni-reaper")
     scales = [int(x) for x in args.scales.split(",")]
     flavours = args.flavours.split(",")
     results: dict = {"machine": {"cores": os.cpu_count(), "kernel": os.uname().release}, "pairs": args.pairs}
@@ -697,7 +728,7 @@ def main() -> int:
     results["verbs"] = {}
     for flavour in flavours:
         print(f"verbs on iptables-{flavour}: {args.pairs} interleaved rounds ...", flush=True)
-        results["verbs"][flavour] = bench_verbs(flavour, args.pairs, driver)
+        results["verbs"][flavour] = bench_verbs(flavour, args.pairs, driver, release)
     results["sweeps"] = []
     for flavour in flavours:
         for n in scales:

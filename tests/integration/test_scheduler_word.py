@@ -211,3 +211,20 @@ def test_an_allocation_whose_del_is_in_flight_is_left_to_its_del(sb, agent):
     out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
     assert out.returncode == 0, out.stdout + out.stderr
     assert snapshot(sb, done, done_ips) == before and os.path.exists(done_ns)
+
+
+def test_a_namespace_that_cannot_be_removed_from_here_keeps_its_reservation(sb, agent):
+    """The sweep runs where the netns directory is read-only (as the timer's service: ProtectSystem=strict, a
+    mount namespace of its own): the unmount succeeds in its own view, the unlink does not. The namespace is
+    still there on the host, so the allocation keeps its reservation and record; only its rules go."""
+    done, done_ips, done_ns = allocation(sb, 8088)
+    agent.allocation(done, "complete")
+    sb.edit_record(done, lambda rec: rec["current"].update(veth=None))  # a chain without a veth (macvlan): the path alone tells
+    argv = [str(sb.plugin_dir / "cni-reaper"), "sweep", "--apply", "--nomad", "--nomad-remove-netns",
+            "--cni-conf-dir", str(sb.root / "none"), "--log-file", str(sb.log_file)]
+    ro = f"mount -o remount,bind,ro {os.path.dirname(done_ns)}"
+    out = sb.run(argv, env={"NOMAD_ADDR": agent.serving.address}, pre=ro)
+    assert out.returncode == 6 and "cannot remove" in out.stderr, out.stdout + out.stderr
+    assert os.stat(done_ns).st_ino != os.stat(os.path.dirname(done_ns)).st_ino
+    assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
+    assert sb.record(done) is not None

@@ -119,17 +119,20 @@ def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply
         if why is None or r["deleted"] is not None:  # a DEL ran: its tombstone is judged as ever (it may be in flight)
             continue
         f = Facts.of_life(life)
+        seen = judge_life(f, view)  # before any removal: a removal that failed half-way changes this view only
         observed = (modes or {}).get(r["network"]) == "observe"
         if remove and not observed and store is not None and _pinned_here(f) and _remove_netns(r, f, view, store):
             said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
-        said.verdicts[key(r)] = _verdict(why, f, view)
+            seen = judge_life(f, view)
+        said.verdicts[key(r)] = _verdict(why, seen)
     return said
 
 
-def _verdict(why: str, f: Facts, view: View) -> Verdict:
+def _verdict(why: str, judged: tuple[str, str]) -> Verdict:
+    """The word's verdict on a life the host judged `judged` (state, why)."""
     from cni_reaper.reap.targets import PARTS
 
-    state, seen = judge_life(f, view)
+    state, seen = judged
     if state == DEAD:
         return Verdict(DEAD, why)
     return Verdict(DEAD, f"{why}; its reservation stays while its namespace holds the address ({seen}: "
