@@ -37,6 +37,7 @@ class Agent:
         self.fail: dict[str, tuple[int, str, dict[str, str]]] = {}
         self.delay = 0.0
         self.confused = False  # a node's list answered with every node's allocations (a broken proxy)
+        self.drip = 0.0  # seconds between the bytes of every answer's body (0: all at once)
         self.seen: list[tuple[str, str]] = []  # (path, token) of every request
 
     def allocation(self, alloc_id: str, status: str, node: str | None = None, namespace: str = "default") -> dict:
@@ -99,7 +100,13 @@ def _handler(agent: Agent):
             self.send_header("Content-Length", str(len(data)))
             self.send_header("Content-Type", "application/json" if status == 200 else "text/plain")
             self.end_headers()
-            self.wfile.write(data)
+            if not agent.drip:
+                self.wfile.write(data)
+                return
+            for i in range(len(data)):
+                self.wfile.write(data[i:i + 1])
+                self.wfile.flush()
+                time.sleep(agent.drip)
 
         def address_string(self) -> str:
             return "local"
@@ -112,10 +119,12 @@ def _handler(agent: Agent):
 
 class _Unix(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    block_on_close = False  # a handler still dripping its answer is not waited for
 
 
 class _Tcp(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
+    block_on_close = False
     allow_reuse_address = True
 
 

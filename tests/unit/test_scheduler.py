@@ -172,3 +172,39 @@ def test_a_token_file_or_a_client_id_that_is_a_fifo_is_refused_at_once(standin, 
     word = ask(standin, {a["ID"] for a in standin.allocations})
     assert word.over == {} and "cannot be read here" in word.problems[0]
     assert time.monotonic() - started < 5
+
+
+def test_an_answer_nested_too_deep_or_dripped_too_slowly_proves_nothing(standin, monkeypatch):
+    import time
+
+    standin.allocation(new_id(), "complete")
+    standin.fail["/v1/agent/self"] = (200, "[" * 200000, {})
+    word = ask(standin, {a["ID"] for a in standin.allocations})
+    assert word.over == {} and "no JSON" in word.problems[0], word.problems
+    del standin.fail["/v1/agent/self"]
+    monkeypatch.setattr(nomad, "WHOLE", 1.0)
+    standin.drip = 0.3  # a byte every 0.3 s: each read in time, the whole answer never
+    started = time.monotonic()
+    word = ask(standin, {a["ID"] for a in standin.allocations})
+    assert word.over == {} and "no whole answer within 1 s" in word.problems[0], word.problems
+    assert time.monotonic() - started < 3
+
+
+def test_tls_files_that_are_no_regular_files_are_refused_at_once(tmp_path):
+    import os
+    import time
+
+    fifo = tmp_path / "ca.fifo"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    for env in ({"NOMAD_CACERT": str(fifo)}, {"NOMAD_CLIENT_CERT": str(fifo)}, {"NOMAD_CAPATH": str(fifo)},
+                {"NOMAD_CACERT": str(tmp_path)}):
+        conn = nomad.Connection.of_env({"NOMAD_ADDR": "https://127.0.0.1:9", **env})
+        word = scheduler.ask(nomad.Agent(conn), {new_id()})
+        assert word.over == {} and len(word.problems) == 1 and "cannot be asked" in word.problems[0], (env, word.problems)
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate")
+    word = scheduler.ask(nomad.Agent(nomad.Connection.of_env({"NOMAD_ADDR": "https://127.0.0.1:9",
+                                                               "NOMAD_CACERT": str(bad)})), {new_id()})
+    assert "TLS cannot be set up" in word.problems[0], word.problems
+    assert time.monotonic() - started < 5

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_ADDRESS = "http://127.0.0.1:4646"
-TIMEOUT = 2.0
+TIMEOUT = 2.0  # per connect, send and read
+WHOLE = 5.0  # per request, however the agent drips its answer
 MAX_BODY = 32 << 20
 TOKEN_FILE_ENV = "CNI_REAPER_NOMAD_TOKEN_FILE"
 ENABLE_ENV = "CNI_REAPER_NOMAD"
@@ -44,8 +45,8 @@ class Reply:
     def json(self) -> Any:
         try:
             return json.loads(self.body)
-        except ValueError:
-            raise Unreachable(f"the answer ({self.status}) is no JSON") from None
+        except (ValueError, RecursionError):
+            raise Unreachable(f"the answer ({self.status}) is no JSON (or nested too deep)") from None
 
 
 class Connection:
@@ -111,18 +112,32 @@ class Agent:
 
     def get(self, path: str) -> Reply:
         import http.client
+        import threading
 
         try:
             c = self._connection()
+        except (OSError, ValueError) as exc:  # the TLS files: not PEM, a key that does not match, ...
+            raise Unreachable(f"{self.conn.address}: TLS cannot be set up: {_said(exc)}") from None
+        late, held = threading.Event(), []  # type: threading.Event, list[Any]
+        cut = threading.Timer(WHOLE, _cut, (held, late))  # a whole request in WHOLE seconds, however slow the drip
+        cut.start()
+        try:
             headers = {"Accept": "application/json", "User-Agent": "cni-reaper"}
             if self.conn.token:
                 headers["X-Nomad-Token"] = self.conn.token
+            c.connect()
+            held.append(c.sock)  # the response may take the socket from the connection: cut this one
             c.request("GET", path, headers=headers)
             r = c.getresponse()
             body = r.read(MAX_BODY + 1)
-            c.close()
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise Unreachable(f"{self.conn.address}{path}: {_said(exc)}") from None
+            why = f"no whole answer within {WHOLE:g} s" if late.is_set() else _said(exc)
+            raise Unreachable(f"{self.conn.address}{path}: {why}") from None
+        finally:
+            cut.cancel()
+            c.close()
+        if late.is_set():
+            raise Unreachable(f"{self.conn.address}{path}: no whole answer within {WHOLE:g} s")
         if len(body) > MAX_BODY:
             raise Unreachable(f"{self.conn.address}{path}: the answer is larger than {MAX_BODY >> 20} MiB")
         return Reply(r.status, body.decode("utf-8", errors="replace"))
@@ -144,6 +159,12 @@ class Agent:
         import ssl
 
         c = self.conn
+        for name, path in (("NOMAD_CACERT", c.ca_file), ("NOMAD_CLIENT_CERT", c.client_cert),
+                           ("NOMAD_CLIENT_KEY", c.client_key)):
+            if path:
+                _regular(name, path)
+        if c.ca_path and not os.path.isdir(c.ca_path):
+            raise Unreachable(f"NOMAD_CAPATH {c.ca_path} is no directory")
         ctx = ssl.create_default_context(cafile=c.ca_file or None, capath=c.ca_path or None)
         if c.client_cert:
             ctx.load_cert_chain(c.client_cert, c.client_key or None)
@@ -169,6 +190,24 @@ class _NamedContext:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.ctx, name)
+
+
+def _regular(name: str, path: str) -> None:
+    """A TLS file is read by OpenSSL, which would wait on a FIFO: only a regular file is handed to it."""
+    try:
+        read_small(path, 0)
+    except OSError as exc:
+        raise Unreachable(f"{name} {path} cannot be read ({exc.strerror})") from None
+
+
+def _cut(held: list[Any], late: Any) -> None:
+    """Cut a request that took too long: its socket is shut down, so the read waiting on it returns."""
+    late.set()
+    for sock in held:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _UnixConnection(path: str, timeout: float) -> Any:
