@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
@@ -123,18 +126,99 @@ def test_doctor_says_whether_the_agent_can_be_taken_at_its_word(sb, agent):
     assert not [f for f in plain["findings"] if f["check"] == "nomad"]
 
 
-def test_a_process_in_the_namespace_keeps_it(sb, agent):
+@pytest.mark.parametrize("status", ["complete", "failed"])
+def test_a_process_in_the_namespace_outweighs_the_word(sb, agent, status):
+    """Nomad says `failed` as soon as one task failed, while a sibling (or a poststop task) may still run in
+    the allocation's namespace; servers say `lost` of a client that still runs it. A process in the namespace
+    keeps everything of the allocation, byte-identical, and the sweep says why (exit 6)."""
     done, done_ips, done_ns = allocation(sb, 8082)
-    agent.allocation(done, "complete")
+    agent.allocation(done, status)
+    before = snapshot(sb, done, done_ips)
     holder = sb.serve(done_ns, 80, "still here")
     try:
         out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
         assert out.returncode == 6 and "a process is in its network namespace" in out.stderr, out.stdout + out.stderr
         assert os.path.exists(done_ns)
-        assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
+        assert snapshot(sb, done, done_ips) == before
     finally:
         holder.kill()
         holder.wait()
+
+
+SETNS_THREAD = r"""
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+def inside():
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+    assert libc.setns(fd, 0x40000000) == 0, ctypes.get_errno()
+    os.close(fd)
+    print("in", flush=True)
+    time.sleep(120)
+threading.Thread(target=inside, daemon=True).start()
+time.sleep(120)
+"""
+HOLD_FD = "import os,sys,time\nfd=os.open(sys.argv[1],os.O_RDONLY)\nprint('in',flush=True)\ntime.sleep(120)"
+
+
+@pytest.mark.parametrize("holder", ["a thread", "a descriptor"])
+def test_a_namespace_something_else_holds_is_not_removed(sb, agent, holder):
+    """One thread of a process entered the namespace (Go's netns.Do, a plugin mid-call: /proc/PID/ns/net is
+    the main thread's and says nothing), or a process outside holds a descriptor of it: removing its mount
+    would leave the namespace, its interface and its address alive with no path. A thread keeps everything;
+    a descriptor keeps the namespace and the reservation (a chain without a veth: its path alone tells)."""
+    done, done_ips, done_ns = allocation(sb, 8089)
+    agent.allocation(done, "complete")
+    sb.edit_record(done, lambda rec: rec["current"].update(veth=None))
+    before = snapshot(sb, done, done_ips)
+    code = SETNS_THREAD if holder == "a thread" else HOLD_FD
+    p = subprocess.Popen([sys.executable, "-c", code, done_ns], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "in"
+    try:
+        out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
+        assert out.returncode == 6, out.stdout + out.stderr
+        assert os.path.exists(done_ns) and sb.record(done) is not None
+        if holder == "a thread":
+            assert snapshot(sb, done, done_ips) == before
+        else:
+            assert "holds a descriptor of it" in out.stderr, out.stderr
+            assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_sweep_on_the_word_never_holds_the_state_lock_long(sb, agent):
+    """Five allocations over whose veths outlive the removal of their namespaces' mounts (the kernel frees
+    them later): the sweep does not wait for them under the state lock; an ADD beside it is not held up."""
+    allocs = [allocation(sb, 8100 + i) for i in range(5)]
+    for cid, _, _ in allocs:
+        agent.allocation(cid, "complete")
+    sw = sb.popen([str(sb.plugin_dir / "cni-reaper"), "sweep", "--apply", "--nomad", "--nomad-remove-netns",
+                   "--cni-conf-dir", str(sb.root / "none"), "--log-file", str(sb.log_file)],
+                  env={"NOMAD_ADDR": agent.serving.address})
+    started = time.monotonic()
+    add = sb.driver("add", str(uuid.uuid4()), sb.container(), ("8099:80/tcp",))
+    took = time.monotonic() - started
+    sw.communicate(timeout=120)
+    assert add.returncode == 0 and took < 5, (took, add.stderr[-600:])
+    assert sw.returncode == 0
+
+
+def test_a_container_of_another_runtime_with_an_allocation_shaped_id_is_no_forgotten_allocation(sb, agent):
+    """Nomad names an allocation's netns after it (/var/run/netns/<allocation ID>); a container of another
+    runtime with a UUID for an ID that Nomad does not know keeps everything. One at a path Nomad would have
+    made, that Nomad does not know either, is over."""
+    other, other_ips, _ = allocation(sb, 8112)
+    before = snapshot(sb, other, other_ips)
+    forgotten = str(uuid.uuid4())
+    subprocess.run(["ip", "netns", "add", forgotten], check=True)
+    sb.containers.append(forgotten)
+    forgotten_ips = ips_of(sb.driver("add", forgotten, f"/var/run/netns/{forgotten}", ("8113:80/tcp",)))
+    sb.remove_container(f"/var/run/netns/{forgotten}")  # gone, but static-like: the word is what cleans its rules here
+    out = sweep(sb, agent, "--nomad")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert snapshot(sb, other, other_ips) == before
+    assert sb.residue(NET, forgotten, forgotten_ips) == []
 
 
 @pytest.mark.parametrize("failure", ["403", "500", "timeout", "redirect", "server", "another-host"])

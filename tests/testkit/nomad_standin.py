@@ -100,13 +100,16 @@ def _handler(agent: Agent):
             self.send_header("Content-Length", str(len(data)))
             self.send_header("Content-Type", "application/json" if status == 200 else "text/plain")
             self.end_headers()
-            if not agent.drip:
-                self.wfile.write(data)
-                return
-            for i in range(len(data)):
-                self.wfile.write(data[i:i + 1])
-                self.wfile.flush()
-                time.sleep(agent.drip)
+            try:
+                if not agent.drip:
+                    self.wfile.write(data)
+                    return
+                for i in range(len(data)):
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(agent.drip)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client cut it: what a client that stops waiting does
 
         def address_string(self) -> str:
             return "local"

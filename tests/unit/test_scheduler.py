@@ -60,11 +60,25 @@ def test_container_ids_that_are_no_allocation_ids_are_not_asked_about(standin):
 
 
 def test_a_life_recorded_after_the_question_is_not_judged_by_the_answer(standin):
-    gone = new_id()
-    word = ask(standin, {gone})
-    assert word.says_over(gone, word.asked_at - 1) is not None
-    assert word.says_over(gone, word.asked_at) is None
-    assert word.says_over(gone, word.asked_at + 5) is None
+    gone, done = new_id(), new_id()
+    standin.allocation(done, "complete")
+    word = ask(standin, {gone, done})
+    for alloc in (gone, done):
+        assert word.says_over(alloc, word.asked_at - 1, f"/var/run/netns/{alloc}") is not None
+        assert word.says_over(alloc, word.asked_at, f"/var/run/netns/{alloc}") is None
+        assert word.says_over(alloc, word.asked_at + 5, f"/var/run/netns/{alloc}") is None
+
+
+def test_known_to_nobody_proves_only_an_attachment_nomad_named(standin):
+    """A container ID shaped like an allocation's that Nomad does not know is over only when its netns path
+    is the one Nomad makes for an allocation (named after it); listed terminal proves it at any path."""
+    gone, done = new_id(), new_id()
+    standin.allocation(done, "complete")
+    word = ask(standin, {gone, done})
+    assert word.says_over(gone, 0, f"/var/run/netns/{gone}") is not None
+    assert word.says_over(gone, 0, "/var/run/netns/cni-1234") is None
+    assert word.says_over(gone, 0, "/var/run/docker/netns/0123456789ab") is None
+    assert word.says_over(done, 0, "/var/run/docker/netns/0123456789ab") is not None
 
 
 @pytest.mark.parametrize("status,body,said", [

@@ -7,7 +7,11 @@ client (its `stats.client.node_id` is the node ID that client keeps in `<its sta
   is never run again once terminal, so even an old view (servers restored from a snapshot) proves that much;
 - it is not in that list and `/v1/client/allocation/<id>/stats`, which the local client answers itself for
   every allocation it still has, is answered 404 "Unknown allocation": neither this client nor the servers
-  know it (a list alone proves no absence: a token without a namespace's rights sees a shorter list).
+  know it (a list alone proves no absence: a token without a namespace's rights sees a shorter list); this
+  only of an attachment whose netns path Nomad named after the allocation (another runtime's container with
+  an ID of the same shape is no forgotten allocation).
+A process in the namespace outweighs the word (tools/nomad_word.py): Nomad reports an allocation `failed`
+while a sibling task is still within its kill timeout, and servers mark `lost` a client that still runs it.
 Nothing else proves anything: an error, a timeout, a redirect (never followed), an agent that is a server only
 or another host's client, a list that names another node, an allocation placed after the list was read (a
 record made after the question is not judged by it). Then the word is silent and says why.
@@ -15,6 +19,7 @@ record made after the question is not judged by it). Then the word is silent and
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -34,21 +39,27 @@ class Word:
     """What the scheduler said: the allocations it proves over (ID -> why), when the question was put (a life
     recorded after that is not judged by it), this client's node ID, and why more could not be proven."""
 
-    __slots__ = ("asked_at", "node", "over", "problems")
+    __slots__ = ("absent", "asked_at", "node", "over", "problems")
 
     def __init__(self, asked_at: float) -> None:
         self.asked_at = asked_at
         self.node = ""
         self.over: dict[str, str] = {}
+        self.absent: set[str] = set()  # of `over`, those known to nobody (not listed terminal)
         self.problems: list[str] = []
 
     def silent(self, why: str) -> Word:
         self.problems.append(why)
         return self
 
-    def says_over(self, container_id: str, created_at: float) -> str | None:
-        """Why the attachment of this container, recorded at `created_at`, is over (None: not proven)."""
+    def says_over(self, container_id: str, created_at: float, netns: str) -> str | None:
+        """Why the attachment of this container, recorded at `created_at` with its netns at `netns`, is over
+        (None: not proven). Known to nobody proves only an attachment that is Nomad's by its netns path
+        (Nomad names it after the allocation: /var/run/netns/<allocation ID>): a container of another runtime
+        with an ID shaped like an allocation's is no allocation Nomad forgot."""
         if created_at >= self.asked_at:
+            return None
+        if container_id in self.absent and os.path.basename(netns) != container_id:
             return None
         return self.over.get(container_id)
 
@@ -139,6 +150,7 @@ def _unknown_to_all(agent: Agent, alloc: str, word: Word) -> None:
     reply = agent.get(f"/v1/client/allocation/{alloc}/stats")
     if reply.status == 404 and "unknown allocation" in reply.body.lower():
         word.over[alloc] = f"neither this client nor Nomad's servers know allocation {alloc} (404 Unknown allocation)"
+        word.absent.add(alloc)
     elif reply.status != 200:
         word.problems.append(refused(reply, f"read allocation {alloc}"))
 

@@ -2,7 +2,9 @@
 taken, and turned into verdicts on the records it proves over (sweep.Verdict): the whole life goes as any dead
 attachment's, but for the reservation while the allocation's namespace still holds the address (then the
 record stays too, and says why). With `--nomad-remove-netns` (or CNI_REAPER_NOMAD_REMOVE_NETNS=1) the
-namespace mount Nomad left is removed first, when no process is in it; the allocation then loses everything.
+namespace mount Nomad left is removed first, when nothing else holds the namespace; the allocation then loses
+everything (its reservation at the next sweep when the kernel has not yet taken its veth). An allocation the word
+proves over whose namespace a process is still in keeps everything.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
     from cni_reaper.reap.scheduler import Word
 
 REMOVE_ENV = "CNI_REAPER_NOMAD_REMOVE_NETNS"
-VETH_GONE_WAIT = 3.0
 
 
 def add_connection_arguments(p: Any) -> None:
@@ -105,27 +106,42 @@ class Said:
 
 def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply: bool, args: Any,
              modes: dict[str, str] | None = None, store: Any = None) -> Said:
-    """The verdicts of the records the word proves over; with --nomad-remove-netns and --apply, their
-    namespace mounts go first (never of a network in observe mode: `modes`, network -> clean or observe),
-    each journaled in `store`'s journal before it goes."""
+    """The verdicts of the records the word proves over, but those whose namespace a process is still in;
+    with --nomad-remove-netns and --apply, their namespace mounts go first when nothing else holds them (never
+    of a network in observe mode: `modes`, network -> clean or observe), each journaled in `store`'s journal
+    before it goes. /proc is read once, and only when the word proves something over."""
     said = Said()
     if word is None:
         return said
-    remove = apply and (getattr(args, "nomad_remove_netns", False)
-                        or os.environ.get(REMOVE_ENV, "").strip().lower() in ("1", "true", "yes"))
-    for r in records:
-        life = r["current"]
-        why = word.says_over(r["containerID"], parse_time(life.get("createdAt")))
-        if why is None or r["deleted"] is not None:  # a DEL ran: its tombstone is judged as ever (it may be in flight)
-            continue
-        f = Facts.of_life(life)
+    remove = apply and store is not None and (getattr(args, "nomad_remove_netns", False)
+                                              or os.environ.get(REMOVE_ENV, "").strip().lower() in ("1", "true", "yes"))
+    over = [(r, why) for r, why in ((r, _says(word, r)) for r in records) if why is not None]
+    occupancy = netns.Occupancy() if over else None
+    for r, why in over:
+        f = Facts.of_life(r["current"])
         seen = judge_life(f, view)  # before any removal: a removal that failed half-way changes this view only
-        observed = (modes or {}).get(r["network"]) == "observe"
-        if remove and not observed and store is not None and _pinned_here(f) and _remove_netns(r, f, view, store):
-            said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
-            seen = judge_life(f, view)
+        # dead by the host's own evidence: its namespace is gone, and the number may be another's now
+        pid = occupancy.process_in(f.ns[:2]) if occupancy is not None and f.ns and seen[0] != DEAD else None
+        if pid is not None:
+            view.note(f"Nomad says an allocation is over, but a process is in its network namespace (pid {pid}): "
+                      "its tasks may still be stopping; nothing of it was removed")
+            continue
+        if remove and (modes or {}).get(r["network"]) != "observe" and _pinned_here(f):
+            assert occupancy is not None
+            if _remove_netns(r, f, view, store, occupancy):
+                said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
+                seen = judge_life(f, view)
         said.verdicts[key(r)] = _verdict(why, seen)
     return said
+
+
+def _says(word: Word, r: dict[str, Any]) -> str | None:
+    """Why the word proves this record's attachment over (None: it does not, or a DEL ran: its tombstone is
+    judged as ever, for the DEL may be in flight)."""
+    if r["deleted"] is not None:
+        return None
+    life = r["current"]
+    return word.says_over(r["containerID"], parse_time(life.get("createdAt")), life["netns"])
 
 
 def _verdict(why: str, judged: tuple[str, str]) -> Verdict:
@@ -149,14 +165,15 @@ def _pinned_here(f: Facts) -> bool:
             and f.ns[2] is not None and now["ctime"] == f.ns[2])
 
 
-def _remove_netns(r: dict[str, Any], f: Facts, view: View, store: Any) -> bool:
+def _remove_netns(r: dict[str, Any], f: Facts, view: View, store: Any, occupancy: netns.Occupancy) -> bool:
+    """Remove the namespace mount of a life the word proves over, unless something else would keep the
+    namespace (and so its address) alive: journaled first, logged."""
     fields = {"network": r["network"], "containerID": r["containerID"], "netns": f.netns}
-    ns = f.ns
-    assert ns is not None
-    pid = netns.occupant(ns[0], ns[1])
-    if pid is not None:
-        log.event("warning", "namespace kept: a process is in it", pid=pid, **fields)
-        view.note(f"Nomad says an allocation is over, but a process is in its network namespace (pid {pid})")
+    assert f.ns is not None
+    held = occupancy.held_otherwise(f.ns[:2])
+    if held is not None:
+        log.event("warning", "namespace kept", why=held, **fields)
+        view.note(f"Nomad says an allocation is over, but its network namespace would outlive its mount: {held}")
         return False
     journal = Journal(store)
     try:
@@ -165,19 +182,10 @@ def _remove_netns(r: dict[str, Any], f: Facts, view: View, store: Any) -> bool:
         view.note(f"the journal cannot be written ({exc.strerror}): no namespace is removed unnoted")
         return False
     problem = netns.remove(f.netns)
-    if problem is None:
-        journal.done(event, [0])
-    else:
+    if problem is not None:
         log.event("warning", "namespace kept", why=problem, **fields)
         view.note(problem)
         return False
-    log.event("info", "namespace removed", why="Nomad says its allocation is over and no process is in it", **fields)
-    deadline = time.monotonic() + VETH_GONE_WAIT
-    while f.veth is not None and time.monotonic() < deadline:
-        try:
-            if probes.link_index(f.veth) != f.veth_index:
-                break
-        except probes.Unseen:
-            break
-        time.sleep(0.05)
+    journal.done(event, [0])
+    log.event("info", "namespace removed", why="Nomad says its allocation is over and nothing else holds it", **fields)
     return True
