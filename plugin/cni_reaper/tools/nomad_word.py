@@ -21,6 +21,7 @@ from cni_reaper.state.record import key, parse_time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from cni_reaper.reap.evidence import View
@@ -43,20 +44,20 @@ def add_arguments(p: Any) -> None:
                         "process is in it (or CNI_REAPER_NOMAD_REMOVE_NETNS=1)")
 
 
-def _asked(args: Any, wanted: set[str]) -> tuple[Word, str] | None:
+def _asked(args: Any, wanted: Callable[[], set[str]]) -> tuple[Word, str] | None:
     if not nomad.enabled(os.environ, getattr(args, "nomad", False)):
         return None
     try:
         conn = nomad.Connection.of_env(os.environ, getattr(args, "nomad_token_file", None))
     except nomad.Unreachable as exc:
         return scheduler.Word(time.time()).silent(str(exc)), ""
-    return scheduler.ask(nomad.Agent(conn), wanted), conn.address
+    return scheduler.ask(nomad.Agent(conn), wanted()), conn.address
 
 
-def ask(args: Any, records: list[dict[str, Any]], view: View) -> Word | None:
-    """The scheduler's word on the allocations `records` name (None: Nomad is not configured); what it could
-    not prove is noted in the view (the CLI's exit 6)."""
-    asked = _asked(args, {r["containerID"] for r in records})
+def ask(args: Any, records: Callable[[], list[dict[str, Any]]], view: View) -> Word | None:
+    """The scheduler's word on the allocations the records name (`records`: read only when Nomad is
+    configured; None: it is not); what it could not prove is noted in the view (the CLI's exit 6)."""
+    asked = _asked(args, lambda: {r["containerID"] for r in records()})
     if asked is None:
         return None
     word = asked[0]
@@ -70,7 +71,7 @@ def doctor_findings(args: Any) -> list[Any]:
     token's rights, the agent this host's client."""
     from cni_reaper.tools import doctor
 
-    asked = _asked(args, set())
+    asked = _asked(args, set)
     if asked is None:
         return []
     word, address = asked
