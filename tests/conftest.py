@@ -74,6 +74,14 @@ def two_stacks(request):
     return request.param
 
 
+@pytest.fixture
+def sb(tmp_path, flavour, package_exe, two_stacks):
+    """A sandbox of the oldest and the newest stack, each iptables flavour, with the installed package (a
+    module that needs another defines its own `sb`)."""
+    with open_sandbox(tmp_path, flavour, package_exe, two_stacks) as s:
+        yield s
+
+
 def _package_exe() -> str:
     exe = shutil.which("cni-reaper", path=os.path.dirname(sys.executable))
     if not exe:

@@ -15,17 +15,11 @@ import time
 
 import pytest
 
-from testkit.sandbox import ips_of, open_sandbox, sh, unique
+from testkit.sandbox import ips_of, sh, unique
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
 PLAIN = "nomad"  # a network without cni-reaper in its chain, as Nomad's own bridge network is
-
-
-@pytest.fixture
-def sb(tmp_path, flavour, package_exe, two_stacks):
-    with open_sandbox(tmp_path, flavour, package_exe, two_stacks) as s:
-        yield s
 
 
 def cli(sb, *args, pre: str = "", prefix: tuple[str, ...] = ()):
@@ -35,18 +29,6 @@ def cli(sb, *args, pre: str = "", prefix: tuple[str, ...] = ()):
     if pre:
         argv = ["sh", "-c", f'{pre} && exec "$@"', "sh", *argv]
     return sb.run([*prefix, *argv])
-
-
-def snapshot(sb, network: str, cid: str, ips: list[str]) -> tuple[list[str], dict[str, tuple]]:
-    """An attachment's lines in every table (iptables and native) and its reservations, with their inodes
-    and contents: what 'byte-identical' is judged on."""
-    lines = sb.residue(network, cid, ips) + [l for l in sb.native_rules() if cid in l or any(f"{ip} " in l for ip in ips)]
-    found = {}
-    for d in sb.cni_dir.glob(f"*/{network}"):
-        for p in d.iterdir():
-            if p.name in ips:
-                found[str(p)] = (p.stat().st_ino, p.read_bytes())
-    return sorted(lines), found
 
 
 def plain_conflist(sb):
@@ -69,7 +51,7 @@ def two_allocations(sb, conflist=None):
 def test_orphans_are_judged_only_by_a_cache_entry_that_proves_them_dead(sb, cache):
     conflist = plain_conflist(sb)
     (live, ips_live, _), (dead, ips_dead, _) = two_allocations(sb, conflist)
-    before_live, before_dead = snapshot(sb, PLAIN, live, ips_live), snapshot(sb, PLAIN, dead, ips_dead)
+    before_live, before_dead = sb.snapshot(PLAIN, live, ips_live), sb.snapshot(PLAIN, dead, ips_dead)
     assert before_live[0] and before_live[1] and before_dead[0]
     where = sb.root / f"cache-{cache}"
     if cache != "missing":
@@ -79,15 +61,15 @@ def test_orphans_are_judged_only_by_a_cache_entry_that_proves_them_dead(sb, cach
     blind = cli(sb, "sweep", "--apply", "--orphans", "--cni-cache-dir", str(where))
     assert blind.returncode == 6, blind.stdout + blind.stderr
     assert "cannot judge" in blind.stderr and ("libcni" in blind.stderr or "cache" in blind.stderr)
-    assert snapshot(sb, PLAIN, live, ips_live) == before_live
-    assert snapshot(sb, PLAIN, dead, ips_dead) == before_dead  # no evidence either way: left, with the reason
+    assert sb.snapshot(PLAIN, live, ips_live) == before_live
+    assert sb.snapshot(PLAIN, dead, ips_dead) == before_dead  # no evidence either way: left, with the reason
     doctor = json.loads(cli(sb, "doctor", "--json", "--cni-cache-dir", str(where)).stdout)
     if cache == "missing":
         assert any(f["check"] == "cni-cache" and f["status"] == "WARN" for f in doctor["findings"])
     # from the runtime's own cache: the dead one is proven dead (its cached netns is gone), the live one is not
     seen = cli(sb, "sweep", "--apply", "--orphans")
     assert seen.returncode == 0, seen.stdout + seen.stderr
-    assert snapshot(sb, PLAIN, live, ips_live) == before_live
+    assert sb.snapshot(PLAIN, live, ips_live) == before_live
     assert sb.residue(PLAIN, dead, ips_dead) == []
 
 
@@ -105,18 +87,18 @@ VIEWS = {
 @pytest.mark.parametrize("view", sorted(VIEWS))
 def test_a_sweep_that_cannot_see_removes_nothing_of_a_live_attachment(sb, view):
     (live, ips_live, _), (dead, ips_dead, _) = two_allocations(sb)
-    before_live, before_dead = snapshot(sb, NET, live, ips_live), snapshot(sb, NET, dead, ips_dead)
+    before_live, before_dead = sb.snapshot(NET, live, ips_live), sb.snapshot(NET, dead, ips_dead)
     pre, blind = VIEWS[view]
     prefix: tuple[str, ...] = ()
     if view in ("another-network-namespace", "private-copy-elsewhere"):
         other = sb.container()  # a network namespace that is not the attachments' host
         prefix = ("nsenter", f"--net={other}")
     out = cli(sb, "sweep", "--apply", pre=pre, prefix=prefix)
-    assert snapshot(sb, NET, live, ips_live) == before_live, out.stdout + out.stderr
+    assert sb.snapshot(NET, live, ips_live) == before_live, out.stdout + out.stderr
     if blind:
         assert out.returncode == 6, out.stdout + out.stderr
         assert "cannot judge" in out.stderr
-        assert snapshot(sb, NET, dead, ips_dead) == before_dead  # nothing that depends on what it cannot see
+        assert sb.snapshot(NET, dead, ips_dead) == before_dead  # nothing that depends on what it cannot see
         doctor = json.loads(cli(sb, "doctor", "--json", pre=pre, prefix=prefix).stdout)
         assert any(f["check"] in ("host-view", "dead-records") and f["status"] != "OK" for f in doctor["findings"])
         seen = cli(sb, "sweep", "--apply")  # from where the runtime runs
@@ -125,7 +107,7 @@ def test_a_sweep_that_cannot_see_removes_nothing_of_a_live_attachment(sb, view):
         # the host side of the dead one's veth pair is gone, and that is seen from any mount namespace
         assert out.returncode == 0, out.stdout + out.stderr
     assert sb.residue(NET, dead, ips_dead) == []
-    assert snapshot(sb, NET, live, ips_live) == before_live
+    assert sb.snapshot(NET, live, ips_live) == before_live
 
 
 # -- a netns made again at the same path, with the same (recycled) inode --------------------------------

@@ -21,12 +21,6 @@ NET = "nomad-reaper"
 TRIALS = 6
 
 
-@pytest.fixture
-def sb(tmp_path, flavour, package_exe, two_stacks):
-    with open_sandbox(tmp_path, flavour, package_exe, two_stacks) as s:
-        yield s
-
-
 def cli(sb, *args):
     return sb.run([str(sb.plugin_dir / "cni-reaper"), *args, "--cni-conf-dir", str(sb.root / "no-conflists")])
 

@@ -23,8 +23,8 @@ import uuid
 
 import pytest
 
-from testkit.nomad_standin import Agent, Serving, client_dir
-from testkit.sandbox import ips_of, open_sandbox
+from testkit.nomad_standin import client_dir, serving_agent
+from testkit.sandbox import ips_of
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
@@ -32,18 +32,8 @@ NODE = "5d5ed6c4-7b4b-43a0-9b59-8d9b2f7a3c11"
 
 
 @pytest.fixture
-def sb(tmp_path, flavour, package_exe, two_stacks):
-    with open_sandbox(tmp_path, flavour, package_exe, two_stacks) as s:
-        yield s
-
-
-@pytest.fixture
 def agent(tmp_path):
-    data = str(tmp_path / "nomad-data")
-    client_dir(data, NODE)
-    a = Agent(NODE, data)
-    with Serving(a, path=str(tmp_path / "nomad.sock")) as serving:
-        a.serving = serving
+    with serving_agent(tmp_path, NODE) as a:
         yield a
 
 
@@ -59,22 +49,12 @@ def allocation(sb, port: int, conflist=None) -> tuple[str, list[str], str]:
     return cid, ips, netns
 
 
-def snapshot(sb, cid: str, ips: list[str], network: str = NET) -> tuple[list[str], dict[str, tuple]]:
-    lines = sb.residue(network, cid, ips)
-    found = {}
-    for d in sb.cni_dir.glob(f"*/{network}"):
-        for p in d.iterdir():
-            if p.name in ips:
-                found[str(p)] = (p.stat().st_ino, p.read_bytes())
-    return sorted(lines), found
-
-
 def test_an_allocation_over_by_the_agents_word_loses_its_rules_then_its_namespace_and_reservation(sb, agent):
     done, done_ips, done_ns = allocation(sb, 8080)
     running, running_ips, running_ns = allocation(sb, 8081)
     agent.allocation(done, "complete")
     agent.allocation(running, "running")
-    keep = snapshot(sb, running, running_ips)
+    keep = sb.snapshot(NET, running, running_ips)
     assert keep[0] and keep[1]
     assert [l for l in sb.residue(NET, done, done_ips) if not l.startswith("reservation")]
 
@@ -90,7 +70,7 @@ def test_an_allocation_over_by_the_agents_word_loses_its_rules_then_its_namespac
     assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips], "its rules stay"
     assert os.path.exists(done_ns), "its namespace was removed without --nomad-remove-netns"
     assert sb.record(done) is not None
-    assert snapshot(sb, running, running_ips) == keep
+    assert sb.snapshot(NET, running, running_ips) == keep
 
     second = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
     assert second.returncode == 0, second.stdout + second.stderr
@@ -99,7 +79,7 @@ def test_an_allocation_over_by_the_agents_word_loses_its_rules_then_its_namespac
         third = sweep(sb, agent, "--nomad")
         assert third.returncode == 0, third.stdout + third.stderr
     assert sb.residue(NET, done, done_ips) == [] and sb.record(done) is None
-    assert snapshot(sb, running, running_ips) == keep
+    assert sb.snapshot(NET, running, running_ips) == keep
     assert os.path.exists(running_ns)
     logged = [json.loads(l)["msg"] for l in sb.log_file.read_text().splitlines()]
     assert "namespace removed" in logged
@@ -133,13 +113,13 @@ def test_a_process_in_the_namespace_outweighs_the_word(sb, agent, status):
     keeps everything of the allocation, byte-identical, and the sweep says why (exit 6)."""
     done, done_ips, done_ns = allocation(sb, 8082)
     agent.allocation(done, status)
-    before = snapshot(sb, done, done_ips)
+    before = sb.snapshot(NET, done, done_ips)
     holder = sb.serve(done_ns, 80, "still here")
     try:
         out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
         assert out.returncode == 6 and "a process is in its network namespace" in out.stderr, out.stdout + out.stderr
         assert os.path.exists(done_ns)
-        assert snapshot(sb, done, done_ips) == before
+        assert sb.snapshot(NET, done, done_ips) == before
     finally:
         holder.kill()
         holder.wait()
@@ -169,7 +149,7 @@ def test_a_namespace_something_else_holds_is_not_removed(sb, agent, holder):
     done, done_ips, done_ns = allocation(sb, 8089)
     agent.allocation(done, "complete")
     sb.edit_record(done, lambda rec: rec["current"].update(veth=None))
-    before = snapshot(sb, done, done_ips)
+    before = sb.snapshot(NET, done, done_ips)
     code = SETNS_THREAD if holder == "a thread" else HOLD_FD
     p = subprocess.Popen([sys.executable, "-c", code, done_ns], stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "in"
@@ -178,7 +158,7 @@ def test_a_namespace_something_else_holds_is_not_removed(sb, agent, holder):
         assert out.returncode == 6, out.stdout + out.stderr
         assert os.path.exists(done_ns) and sb.record(done) is not None
         if holder == "a thread":
-            assert snapshot(sb, done, done_ips) == before
+            assert sb.snapshot(NET, done, done_ips) == before
         else:
             assert "holds a descriptor of it" in out.stderr, out.stderr
             assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
@@ -209,7 +189,7 @@ def test_a_container_of_another_runtime_with_an_allocation_shaped_id_is_no_forgo
     runtime with a UUID for an ID that Nomad does not know keeps everything. One at a path Nomad would have
     made, that Nomad does not know either, is over."""
     other, other_ips, _ = allocation(sb, 8112)
-    before = snapshot(sb, other, other_ips)
+    before = sb.snapshot(NET, other, other_ips)
     forgotten = str(uuid.uuid4())
     subprocess.run(["ip", "netns", "add", forgotten], check=True)
     sb.containers.append(forgotten)
@@ -217,7 +197,7 @@ def test_a_container_of_another_runtime_with_an_allocation_shaped_id_is_no_forgo
     sb.remove_container(f"/var/run/netns/{forgotten}")  # gone, but static-like: the word is what cleans its rules here
     out = sweep(sb, agent, "--nomad")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert snapshot(sb, other, other_ips) == before
+    assert sb.snapshot(NET, other, other_ips) == before
     assert sb.residue(NET, forgotten, forgotten_ips) == []
 
 
@@ -227,7 +207,7 @@ def test_an_answer_short_of_proof_removes_nothing_and_says_why(sb, agent, failur
     gone, gone_ips, gone_ns = allocation(sb, 8084)
     agent.allocation(done, "complete")
     sb.remove_container(gone_ns)  # dead on local evidence: cleaned whatever Nomad says
-    before = snapshot(sb, done, done_ips)
+    before = sb.snapshot(NET, done, done_ips)
     if failure in ("403", "500"):
         agent.fail["/v1/agent/self"] = (int(failure), "Permission denied" if failure == "403" else "No cluster leader", {})
     elif failure == "redirect":
@@ -240,7 +220,7 @@ def test_an_answer_short_of_proof_removes_nothing_and_says_why(sb, agent, failur
         client_dir(agent.data_dir, "0b7c2d8e-0000-4000-8000-000000000001")
     out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
     assert out.returncode == 6 and "Nomad: " in out.stderr, out.stdout + out.stderr
-    assert snapshot(sb, done, done_ips) == before
+    assert sb.snapshot(NET, done, done_ips) == before
     assert sb.residue(NET, gone, gone_ips) == []
 
 
@@ -268,7 +248,7 @@ def test_a_static_ipam_attachment_left_for_the_runtime_is_cleaned_on_the_schedul
 def test_observe_mode_removes_nothing_on_the_word_not_even_the_namespace(sb, agent):
     done, done_ips, done_ns = allocation(sb, 8086)
     agent.allocation(done, "complete")
-    before = snapshot(sb, done, done_ips)
+    before = sb.snapshot(NET, done, done_ips)
     conf_dir = sb.root / "observe-conf"
     conf_dir.mkdir()
     (conf_dir / "nomad-reaper.conflist").write_text(sb.conflist(mode="observe").read_text())
@@ -277,7 +257,7 @@ def test_observe_mode_removes_nothing_on_the_word_not_even_the_namespace(sb, age
     out = sb.run(argv, env={"NOMAD_ADDR": agent.serving.address})
     assert out.returncode == 3 and "observe mode" in out.stdout, out.stdout + out.stderr
     assert os.path.exists(done_ns)
-    assert snapshot(sb, done, done_ips) == before
+    assert sb.snapshot(NET, done, done_ips) == before
 
 
 def test_an_allocation_whose_del_is_in_flight_is_left_to_its_del(sb, agent):
@@ -290,11 +270,11 @@ def test_an_allocation_whose_del_is_in_flight_is_left_to_its_del(sb, agent):
     rc, _, err = sb.plugin("DEL", dict(conf["plugins"][-1], cniVersion="1.0.0", name=conf["name"]), cid=done,
                            netns=done_ns)
     assert rc == 0, err
-    before = snapshot(sb, done, done_ips)
+    before = sb.snapshot(NET, done, done_ips)
     assert before[0]
     out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert snapshot(sb, done, done_ips) == before and os.path.exists(done_ns)
+    assert sb.snapshot(NET, done, done_ips) == before and os.path.exists(done_ns)
 
 
 def test_a_namespace_that_cannot_be_removed_from_here_keeps_its_reservation(sb, agent):

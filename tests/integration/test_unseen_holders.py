@@ -22,17 +22,11 @@ import time
 
 import pytest
 
-from testkit.sandbox import Held, add_stall_plugin, ips_of, open_sandbox, unique
+from testkit.sandbox import Held, add_stall_plugin, ips_of, unique
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
 ADDR = "172.26.64.50"
-
-
-@pytest.fixture
-def sb(tmp_path, flavour, package_exe, two_stacks):
-    with open_sandbox(tmp_path, flavour, package_exe, two_stacks) as s:
-        yield s
 
 
 def cli(sb, *args):

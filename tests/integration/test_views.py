@@ -16,18 +16,11 @@ import time
 
 import pytest
 
-from testkit.sandbox import ips_of, open_sandbox, unique
+from testkit.sandbox import ips_of, unique
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
 NO_DAC = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", 'exec "$0"']
-
-
-@pytest.fixture
-def sandbox_one(tmp_path, package_exe, flavour, two_stacks):
-    """A sandbox of the oldest and the newest stack, each iptables flavour."""
-    with open_sandbox(tmp_path, flavour, package_exe, two_stacks) as sb:
-        yield sb
 
 
 def conf(sb, ip: str, veth: str | None = None, **extra) -> dict:
@@ -65,11 +58,10 @@ def log_lines(sb) -> list[dict]:
     return [json.loads(l) for l in sb.log_file.read_text().splitlines()] if sb.log_file.exists() else []
 
 
-def test_a_netns_path_that_cannot_be_looked_at_is_unknown_never_dead(sandbox_one):
+def test_a_netns_path_that_cannot_be_looked_at_is_unknown_never_dead(sb):
     """A live attachment whose netns sits in a directory the sweeping process may not search (it runs without
     CAP_DAC_OVERRIDE): its own ADD, CHECK and the sweeps of others' calls keep it, with its reservation; the
     log says why it could not be judged. On 0.4.0 the ADD's own sweep judged it dead ("its netns is gone")."""
-    sb = sandbox_one
     locked, bind = locked_netns(sb)
     cid, ip = unique("alloc-"), "10.99.0.2"
     reserve(sb, ip, cid)
@@ -93,14 +85,13 @@ def test_a_netns_path_that_cannot_be_looked_at_is_unknown_never_dead(sandbox_one
     os.chmod(locked, 0o755)
 
 
-def test_a_mount_namespace_number_given_again_is_not_the_one_recorded(sandbox_one):
+def test_a_mount_namespace_number_given_again_is_not_the_one_recorded(sb):
     """The runtime's ADD ran in a mount namespace that is gone now (a transient one: `ip netns exec`, a runtime
     restarted in a private one), and the kernel gave its inode number to the namespace a later sweep runs in.
     The netns is mounted only where the ADD was, so that sweep sees an empty file at its path: not its view,
     so the attachment is unknown to it, never dead. Before, the same number was taken for the same namespace,
     and `list` said dead and `sweep --apply` released the live allocation's reservation (CI, 2026-12-04:
     `ip netns exec` handed the number on)."""
-    sb = sandbox_one
     locked, bind = locked_netns(sb)
     cid, ip = unique("alloc-"), "10.99.0.6"
     reserve(sb, ip, cid)
@@ -133,8 +124,7 @@ def test_a_mount_namespace_number_given_again_is_not_the_one_recorded(sandbox_on
     assert record is not None and record["deleted"] is None and "left" not in record, record
 
 
-def test_del_of_a_path_that_cannot_be_looked_at_succeeds(sandbox_one):
-    sb = sandbox_one
+def test_del_of_a_path_that_cannot_be_looked_at_succeeds(sb):
     locked, bind = locked_netns(sb)
     cid, ip = unique("alloc-"), "10.99.0.4"
     reserve(sb, ip, cid)
@@ -145,12 +135,11 @@ def test_del_of_a_path_that_cannot_be_looked_at_succeeds(sandbox_one):
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "socket"])
-def test_a_log_file_that_is_no_regular_file_never_stalls_a_verb(sandbox_one, kind):
+def test_a_log_file_that_is_no_regular_file_never_stalls_a_verb(sb, kind):
     """logFile names a FIFO nobody reads (or a directory, a socket): ADD, CHECK, DEL and STATUS return at once,
     with their results, and write nothing there. On 0.4.0 an ADD blocked for good on the FIFO."""
     import socket
 
-    sb = sandbox_one
     where = sb.root / f"log-{kind}"
     if kind == "fifo":
         os.mkfifo(where)
@@ -173,12 +162,11 @@ def test_a_log_file_that_is_no_regular_file_never_stalls_a_verb(sandbox_one, kin
         assert list(where.iterdir()) == []
 
 
-def test_a_boot_id_read_in_another_view_is_no_reboot(sandbox_one):
+def test_a_boot_id_read_in_another_view_is_no_reboot(sb):
     """Issue 32, case 7: the runtime's ADD read the boot id of a container (a file mounted over /proc's, as
     systemd-nspawn gives one); the periodic sweep's service reads /proc's own (ProtectKernelTunables= remounts
     /proc/sys). Same host, same boot: the live allocation keeps every rule and its reservation. On 0.4.0 the
     sweep dropped its record and removed them all ("the host has booted since it was recorded")."""
-    sb = sandbox_one
     cid, netns = unique("alloc-"), sb.container()
     ips = ips_of(sb.driver("add", cid, netns, ("8080:80/tcp", "8080:80/udp")))
     before = sb.residue(NET, cid, ips)

@@ -16,13 +16,16 @@ Serves on a unix socket (NOMAD_ADDR=unix://...) or on TCP, with TLS and a client
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socketserver
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 
 class Agent:
@@ -39,6 +42,7 @@ class Agent:
         self.confused = False  # a node's list answered with every node's allocations (a broken proxy)
         self.drip = 0.0  # seconds between the bytes of every answer's body (0: all at once)
         self.seen: list[tuple[str, str]] = []  # (path, token) of every request
+        self.serving: Serving | None = None
 
     def allocation(self, alloc_id: str, status: str, node: str | None = None, namespace: str = "default") -> dict:
         a = {"ID": alloc_id, "NodeID": node or self.node_id, "ClientStatus": status,
@@ -171,3 +175,15 @@ def client_dir(data_dir: str, node_id: str) -> None:
     os.makedirs(os.path.join(data_dir, "client"), exist_ok=True)
     with open(os.path.join(data_dir, "client", "client-id"), "w") as f:
         f.write(node_id)
+
+
+@contextlib.contextmanager
+def serving_agent(tmp_path: Any, node_id: str) -> Iterator[Agent]:
+    """A client agent of node `node_id` (its data directory, with its client-id, under `tmp_path`) served on
+    a unix socket there; its `serving.address` is the NOMAD_ADDR to give."""
+    data = str(tmp_path / "nomad-data")
+    client_dir(data, node_id)
+    agent = Agent(node_id, data)
+    with Serving(agent, path=str(tmp_path / "nomad.sock")) as serving:
+        agent.serving = serving
+        yield agent

@@ -408,6 +408,18 @@ class Sandbox:
             out += [line for chain in sorted(rules) for line in rules[chain]]
         return out
 
+    def snapshot(self, network: str, cid: str, ips: list[str]) -> tuple[list[str], dict[str, tuple]]:
+        """An attachment's lines in every table (iptables and native) and its reservations, with their inodes
+        and contents: what 'byte-identical' is judged on."""
+        lines = self.residue(network, cid, ips) + [l for l in self.native_rules()
+                                                   if cid in l or any(f"{ip} " in l for ip in ips)]
+        found = {}
+        for d in self.cni_dir.glob(f"*/{network}"):
+            for p in d.iterdir():
+                if p.name in ips:
+                    found[str(p)] = (p.stat().st_ino, p.read_bytes())
+        return sorted(lines), found
+
     def reservations(self, network: str) -> dict[str, str]:
         """host-local's reservations of `network` (IP -> container ID), in whichever dataDir under the
         sandbox's /var/lib/cni the conflist names (networks/ by default, services/ in custom-network)."""

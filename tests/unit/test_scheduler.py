@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from cni_reaper.reap import nomad, scheduler
-from testkit.nomad_standin import Agent, Serving, client_dir
+from testkit.nomad_standin import client_dir, serving_agent
 
 NODE = "5d5ed6c4-7b4b-43a0-9b59-8d9b2f7a3c11"
 
@@ -21,12 +21,8 @@ def new_id() -> str:
 
 @pytest.fixture
 def standin(tmp_path):
-    data = str(tmp_path / "nomad")
-    client_dir(data, NODE)
-    agent = Agent(NODE, data)
-    with Serving(agent, path=str(tmp_path / "nomad.sock")) as serving:
-        agent.serving = serving
-        yield agent
+    with serving_agent(tmp_path, NODE) as a:
+        yield a
 
 
 def ask(agent, wanted, timeout: float = nomad.TIMEOUT, **conn) -> scheduler.Word:

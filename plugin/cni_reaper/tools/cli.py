@@ -50,9 +50,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="the settings file of wrapped networks (default: $CNI_REAPER_CONFIG, else "
                         "/etc/cni-reaper/config.json)")
-    p.add_argument("--state-dir", help="records (overrides the conflists' stateDir; default /var/lib/cni/reaper)")
-    p.add_argument("--cni-cache-dir", help="libcni's cache (overrides cniCacheDir; default /var/lib/cni)")
-    p.add_argument("--ipam-data-dir", help="host-local's dataDir (overrides ipamDataDir; default /var/lib/cni/networks)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="records (overrides the conflists' stateDir; default /var/lib/cni/reaper)")
+    p.add_argument("--cni-cache-dir", metavar="DIR", help="libcni's cache (overrides cniCacheDir; default /var/lib/cni)")
+    p.add_argument("--ipam-data-dir", metavar="DIR",
+                   help="host-local's dataDir (overrides ipamDataDir; default /var/lib/cni/networks)")
     p.add_argument("--backend", choices=("auto", "nft", "legacy"), help="overrides backend (default auto)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -72,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--orphans", action="store_true",
                    help="also rules tagged for containers with no record and no live netns (in libcni's cache)")
     p.add_argument("--log-file", help="where --apply logs what it removed (overrides logFile; \"\" for none)")
-    p.add_argument("--lock-timeout", type=float, help="seconds to wait for the state lock")
+    p.add_argument("--lock-timeout", type=float, metavar="S", help="seconds to wait for the state lock")
     nomad_word.add_arguments(p)
     p = sub.add_parser("doctor", help="check the conflists and the host; changes nothing")
     _common(p)

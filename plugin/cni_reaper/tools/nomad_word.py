@@ -31,17 +31,14 @@ REMOVE_ENV = "CNI_REAPER_NOMAD_REMOVE_NETNS"
 
 
 def add_connection_arguments(p: Any) -> None:
-    p.add_argument("--nomad", action="store_true",
-                   help="also take the local Nomad agent's word on allocations (NOMAD_ADDR, NOMAD_TOKEN, NOMAD_CACERT, "
-                        "...; or CNI_REAPER_NOMAD=1)")
-    p.add_argument("--nomad-token-file", metavar="FILE", help="the ACL token, read from FILE (preferred to NOMAD_TOKEN)")
+    p.add_argument("--nomad", action="store_true", help="also the local Nomad agent's word (NOMAD_ADDR...)")
+    p.add_argument("--nomad-token-file", metavar="FILE", help="its ACL token, from FILE")
 
 
 def add_arguments(p: Any) -> None:
     add_connection_arguments(p)
     p.add_argument("--nomad-remove-netns", action="store_true",
-                   help="remove the network namespace mount Nomad left with an allocation it says is over, when no "
-                        "process is in it (or CNI_REAPER_NOMAD_REMOVE_NETNS=1)")
+                   help="and the netns of allocations it says are over")
 
 
 def _asked(args: Any, wanted: Callable[[], set[str]]) -> tuple[Word, str] | None:
@@ -119,21 +116,30 @@ def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply
     over = [(r, why) for r, why in ((r, _says(word, r)) for r in records) if why is not None]
     occupancy = netns.Occupancy() if over else None
     for r, why in over:
-        f = Facts.of_life(r["current"])
-        seen = judge_life(f, view)  # before any removal: a removal that failed half-way changes this view only
-        # dead by the host's own evidence: its namespace is gone, and the number may be another's now
-        pid = occupancy.process_in(f.ns[:2]) if occupancy is not None and f.ns and seen[0] != DEAD else None
-        if pid is not None:
-            view.note(f"Nomad says an allocation is over, but a process is in its network namespace (pid {pid}): "
-                      "its tasks may still be stopping; nothing of it was removed")
-            continue
-        if remove and (modes or {}).get(r["network"]) != "observe" and _pinned_here(f):
-            assert occupancy is not None
-            if _remove_netns(r, f, view, store, occupancy):
-                said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
-                seen = judge_life(f, view)
-        said.verdicts[key(r)] = _verdict(why, seen)
+        assert occupancy is not None
+        may_remove = remove and (modes or {}).get(r["network"]) != "observe"
+        verdict = _judged(r, why, view, occupancy, said, store if may_remove else None)
+        if verdict is not None:
+            said.verdicts[key(r)] = verdict
     return said
+
+
+def _judged(r: dict[str, Any], why: str, view: View, occupancy: netns.Occupancy, said: Said,
+            store: Any) -> Verdict | None:
+    """The verdict on one record the word proves over (None: a process is in its namespace); with `store`,
+    its namespace mount is removed first, when nothing else holds it."""
+    f = Facts.of_life(r["current"])
+    seen = judge_life(f, view)  # before any removal: a removal that failed half-way changes this view only
+    # dead by the host's own evidence: its namespace is gone, and the number may be another's now
+    pid = occupancy.process_in(f.ns[:2]) if f.ns and seen[0] != DEAD else None
+    if pid is not None:
+        view.note(f"Nomad says an allocation is over, but a process is in its network namespace (pid {pid}): "
+                  "its tasks may still be stopping; nothing of it was removed")
+        return None
+    if store is not None and _pinned_here(f) and _remove_netns(r, f, view, store, occupancy):
+        said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
+        seen = judge_life(f, view)
+    return _verdict(why, seen)
 
 
 def _says(word: Word, r: dict[str, Any]) -> str | None:
