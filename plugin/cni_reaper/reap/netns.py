@@ -10,7 +10,6 @@ import os
 
 MNT_DETACH = 2
 Ident = tuple[int, int]  # (device, inode) of a namespace's nsfs file
-_NO_NAMESPACE = ("socket:", "pipe:", "anon_inode:", "/dev/")
 
 
 class Occupancy:
@@ -18,9 +17,13 @@ class Occupancy:
     a plugin or Go's netns.Do enters with setns on one thread only), a process holding a descriptor of it,
     and how many nsfs mounts of it this mount namespace has."""
 
-    __slots__ = ("fds", "inside", "mounts", "nsfs")
+    __slots__ = ("dirs", "fds", "inside", "mounts", "nsfs")
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, dirs: frozenset[str] = frozenset(), proc: str = "/proc") -> None:
+        """`dirs`: the directories the namespaces looked at are mounted in (as the kernel names them: no
+        symlink); a descriptor is stat'ed only when it reads as a namespace or as a file there, never one of
+        another file system (a FUSE mount that does not answer would hold the sweep)."""
+        self.dirs = dirs
         try:
             self.nsfs: int | None = os.stat(f"{proc}/self/ns/net").st_dev
         except OSError:
@@ -51,8 +54,8 @@ class Occupancy:
 
     def _descriptors(self, proc: str, pid: str) -> None:
         """A descriptor of a namespace reads as `net:[N]` when it was opened through /proc, and as the path
-        it was opened at (in the opener's view) when through a mount of it: every one that is no socket, pipe
-        or anonymous inode is looked at (its device is nsfs's)."""
+        it was opened at (in the opener's view) when through a mount of it: those are looked at (their
+        device must be nsfs's)."""
         where = f"{proc}/{pid}/fd"
         try:
             fds = os.listdir(where)
@@ -60,7 +63,8 @@ class Occupancy:
             return
         for fd in fds:
             try:
-                if os.readlink(f"{where}/{fd}").startswith(_NO_NAMESPACE):
+                target = os.readlink(f"{where}/{fd}")
+                if not (target.startswith("net:[") or os.path.dirname(target) in self.dirs):
                     continue
                 st = os.stat(f"{where}/{fd}")
             except OSError:

@@ -114,7 +114,8 @@ def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply
     remove = apply and store is not None and (getattr(args, "nomad_remove_netns", False)
                                               or os.environ.get(REMOVE_ENV, "").strip().lower() in ("1", "true", "yes"))
     over = [(r, why) for r, why in ((r, _says(word, r)) for r in records) if why is not None]
-    occupancy = netns.Occupancy() if over else None
+    dirs = frozenset(os.path.realpath(os.path.dirname(r["current"]["netns"])) for r, _ in over)
+    occupancy = netns.Occupancy(dirs) if over else None
     for r, why in over:
         assert occupancy is not None
         may_remove = remove and (modes or {}).get(r["network"]) != "observe"
