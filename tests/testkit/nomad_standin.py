@@ -156,9 +156,9 @@ class Serving:
                 if client_ca:
                     ctx.verify_mode = ssl.CERT_REQUIRED
                     ctx.load_verify_locations(client_ca)
-                self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)  # type: ignore[attr-defined]
+                self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
                 scheme = "https"
-            self.address = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"  # type: ignore[attr-defined]
+            self.address = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> Serving:
