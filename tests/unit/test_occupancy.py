@@ -51,10 +51,10 @@ def test_a_descriptor_through_the_mount_is_seen_and_no_other_file_is_looked_at(n
         monkeypatch.setattr(netns.os, "stat", stat)
         occ = netns.Occupancy(frozenset({os.path.dirname(os.path.realpath(namespace))}))
         monkeypatch.undo()
-        assert occ.held_otherwise(ident(namespace)) == f"process {os.getpid()} holds a descriptor of it"
+        assert occ.held_otherwise(ident(namespace), namespace) == f"process {os.getpid()} holds a descriptor of it"
         assert f"/proc/{os.getpid()}/fd/{stranger}" not in looked
         assert occ.process_in(ident(namespace)) is None
-        assert netns.Occupancy().held_otherwise(ident(namespace)) is None  # its directory not looked at
+        assert netns.Occupancy().held_otherwise(ident(namespace), namespace) is None  # its directory not looked at
     finally:
         os.close(fd)
         os.close(stranger)
@@ -78,3 +78,17 @@ def test_a_thread_that_entered_the_namespace_is_in_it(namespace):
         assert netns.Occupancy().process_in(ident(namespace)) == os.getpid()
     finally:
         leave.set()
+
+
+def test_a_mount_at_another_path_holds_the_namespace(namespace, tmp_path):
+    """Its only mount goes with the unlink (in every mount namespace: the kernel detaches each mount on an
+    unlinked file); a second mount at another path would keep it, its interface and its address alive."""
+    assert netns.Occupancy().held_otherwise(ident(namespace), namespace) is None
+    second = tmp_path / "second"
+    second.touch()
+    subprocess.run(["mount", "--bind", namespace, str(second)], check=True)
+    try:
+        said = netns.Occupancy().held_otherwise(ident(namespace), namespace)
+        assert said == f"it is mounted at {second} too", said
+    finally:
+        subprocess.run(["umount", str(second)], check=False)

@@ -111,8 +111,7 @@ def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply
     said = Said()
     if word is None:
         return said
-    remove = apply and store is not None and (getattr(args, "nomad_remove_netns", False)
-                                              or os.environ.get(REMOVE_ENV, "").strip().lower() in ("1", "true", "yes"))
+    remove = apply and store is not None and _removing(args)
     over = [(r, why) for r, why in ((r, _says(word, r)) for r in records) if why is not None]
     dirs = frozenset(os.path.realpath(os.path.dirname(r["current"]["netns"])) for r, _ in over)
     occupancy = netns.Occupancy(dirs) if over else None
@@ -125,22 +124,46 @@ def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply
     return said
 
 
+def _removing(args: Any) -> bool:
+    """Whether namespace mounts are to go: --nomad-remove-netns, or CNI_REAPER_NOMAD_REMOVE_NETNS=1."""
+    return bool(getattr(args, "nomad_remove_netns", False)) or \
+        os.environ.get(REMOVE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def _judged(r: dict[str, Any], why: str, view: View, occupancy: netns.Occupancy, said: Said,
             store: Any) -> Verdict | None:
     """The verdict on one record the word proves over (None: a process is in its namespace); with `store`,
     its namespace mount is removed first, when nothing else holds it."""
     f = Facts.of_life(r["current"])
     seen = judge_life(f, view)  # before any removal: a removal that failed half-way changes this view only
-    # dead by the host's own evidence: its namespace is gone, and the number may be another's now
-    pid = occupancy.process_in(f.ns[:2]) if f.ns and seen[0] != DEAD else None
-    if pid is not None:
-        view.note(f"Nomad says an allocation is over, but a process is in its network namespace (pid {pid}): "
-                  "its tasks may still be stopping; nothing of it was removed")
-        return None
+    if seen[0] != DEAD:  # dead by the host's own evidence: its namespace is gone, its number may be another's
+        why_not = _occupied(f, occupancy)
+        if why_not is not None:
+            view.note(f"Nomad says an allocation is over, but {why_not}: its tasks may still be stopping; "
+                      "nothing of it was removed")
+            return None
     if store is not None and _pinned_here(f) and _remove_netns(r, f, view, store, occupancy):
         said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
         seen = judge_life(f, view)
     return _verdict(why, seen)
+
+
+def _occupied(f: Facts, occupancy: netns.Occupancy) -> str | None:
+    """Why a process may be in a life's namespace (None: none is, as far as every thread was seen): its
+    namespace is the one recorded, else the one its path holds now (a life recorded without it)."""
+    ns = f.ns[:2] if f.ns else None
+    if ns is None:
+        try:
+            now = probes.netns_id(f.netns)
+        except probes.Unseen as exc:
+            return f"its namespace cannot be told ({exc})"
+        ns = (now["dev"], now["ino"]) if now else None
+    if ns is None:
+        return "no namespace was recorded for it, and none is at its path to look into"
+    pid = occupancy.process_in(ns)
+    if pid is not None:
+        return f"a process is in its network namespace (pid {pid})"
+    return occupancy.unseen()
 
 
 def _says(word: Word, r: dict[str, Any]) -> str | None:
@@ -178,7 +201,7 @@ def _remove_netns(r: dict[str, Any], f: Facts, view: View, store: Any, occupancy
     namespace (and so its address) alive: journaled first, logged."""
     fields = {"network": r["network"], "containerID": r["containerID"], "netns": f.netns}
     assert f.ns is not None
-    held = occupancy.held_otherwise(f.ns[:2])
+    held = occupancy.held_otherwise(f.ns[:2], f.netns)
     if held is not None:
         log.event("warning", "namespace kept", why=held, **fields)
         view.note(f"Nomad says an allocation is over, but its network namespace would outlive its mount: {held}")
