@@ -148,10 +148,9 @@ def test_a_namespace_something_else_holds_is_not_removed(sb, agent, holder):
     """One thread of a process entered the namespace (Go's netns.Do, a plugin mid-call: /proc/PID/ns/net is
     the main thread's and says nothing), or a process outside holds a descriptor of it: removing its mount
     would leave the namespace, its interface and its address alive with no path. A thread keeps everything;
-    a descriptor keeps the namespace and the reservation (a chain without a veth: its path alone tells)."""
+    a descriptor keeps the namespace and the reservation."""
     done, done_ips, done_ns = allocation(sb, 8089)
     agent.allocation(done, "complete")
-    sb.edit_record(done, lambda rec: rec["current"].update(veth=None))
     before = sb.snapshot(NET, done, done_ips)
     code = SETNS_THREAD if holder == "a thread" else HOLD_FD
     p = subprocess.Popen([sys.executable, "-c", code, done_ns], stdout=subprocess.PIPE, text=True)
@@ -286,7 +285,6 @@ def test_a_namespace_that_cannot_be_removed_from_here_keeps_its_reservation(sb, 
     still there on the host, so the allocation keeps its reservation and record; only its rules go."""
     done, done_ips, done_ns = allocation(sb, 8088)
     agent.allocation(done, "complete")
-    sb.edit_record(done, lambda rec: rec["current"].update(veth=None))  # a chain without a veth (macvlan): the path alone tells
     argv = [str(sb.plugin_dir / "cni-reaper"), "sweep", "--apply", "--nomad", "--nomad-remove-netns",
             "--cni-conf-dir", str(sb.root / "none"), "--log-file", str(sb.log_file)]
     ro = f"mount -o remount,bind,ro {os.path.dirname(done_ns)}"
@@ -295,3 +293,51 @@ def test_a_namespace_that_cannot_be_removed_from_here_keeps_its_reservation(sb, 
     assert os.stat(done_ns).st_ino != os.stat(os.path.dirname(done_ns)).st_ino
     assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
     assert sb.record(done) is not None
+
+
+IN_AND_OUT = r"""
+import ctypes, os, socket, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+home, there = os.open("/proc/self/ns/net", os.O_RDONLY), os.open(sys.argv[1], os.O_RDONLY)
+assert libc.setns(there, 0x40000000) == 0
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 9999))
+assert libc.setns(home, 0x40000000) == 0
+os.close(there)
+print("out", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_namespace_only_a_socket_holds_keeps_its_address_after_its_mount_went(sb, agent):
+    """A process entered the namespace, made a socket there and left (as Docker's libnetwork and monitoring
+    agents do): no thread, descriptor of it or mount holds it that /proc shows, and its mount is removed; the
+    namespace lives on with its veth, so the reservation and the record stay (exit 0, said)."""
+    done, done_ips, done_ns = allocation(sb, 8114)
+    agent.allocation(done, "complete")
+    p = subprocess.Popen([sys.executable, "-c", IN_AND_OUT, done_ns], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "out"
+    try:
+        out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
+        assert out.returncode == 0 and "record kept" in out.stderr, out.stdout + out.stderr
+        assert not os.path.exists(done_ns)
+        assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
+        assert sb.record(done) is not None
+        again = sweep(sb, agent, "--nomad")
+        assert again.returncode == 0 and sb.record(done) is not None, again.stdout + again.stderr
+        assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_namespace_without_a_recorded_veth_is_not_removed(sb, agent):
+    """A chain without a veth (macvlan, ipvlan): nothing would show its namespace gone after its mount went
+    (a socket made inside keeps it unseen), so it is kept, with its reservation; its rules go."""
+    done, done_ips, done_ns = allocation(sb, 8115)
+    agent.allocation(done, "complete")
+    sb.edit_record(done, lambda rec: rec["current"].update(veth=None))
+    out = sweep(sb, agent, "--nomad", "--nomad-remove-netns")
+    assert out.returncode == 6 and "no veth was recorded to show it gone" in out.stderr, out.stdout + out.stderr
+    assert os.path.exists(done_ns)
+    assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]

@@ -420,7 +420,7 @@ def cmd_sweep(args) -> int:
     view = View(at_once=True)  # what something not ours held is looked at now, not at its retry time
     by_dir = list(_by_state_dir(contexts).values())
     # asked before any state lock is taken: no ADD waits on Nomad's API
-    word = nomad_word.ask(args, lambda: [r for g in by_dir for r in _glance(g[0])], view)
+    word = nomad_word.ask(args, lambda: [r for g in by_dir for r in _glance(g[0])], view)  # and /proc, if need be
     for group in by_dir:
         if args.apply:
             log.begin(group[0].conf.logFile, stderr=False, verb="sweep")

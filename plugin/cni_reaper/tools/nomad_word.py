@@ -51,16 +51,36 @@ def _asked(args: Any, wanted: Callable[[], set[str]]) -> tuple[Word, str] | None
     return scheduler.ask(nomad.Agent(conn), wanted()), conn.address
 
 
-def ask(args: Any, records: Callable[[], list[dict[str, Any]]], view: View) -> Word | None:
+def ask(args: Any, records: Callable[[], list[dict[str, Any]]], view: View) -> Asked | None:
     """The scheduler's word on the allocations the records name (`records`: read only when Nomad is
     configured; None: it is not); what it could not prove is noted in the view (the CLI's exit 6)."""
-    asked = _asked(args, lambda: {r["containerID"] for r in records()})
+    glanced: list[dict[str, Any]] = []
+
+    def wanted() -> set[str]:
+        glanced.extend(records())
+        return {r["containerID"] for r in glanced}
+
+    asked = _asked(args, wanted)
     if asked is None:
         return None
     word = asked[0]
     for problem in word.problems:
         view.note(f"Nomad: {problem}")
-    return word
+    return Asked(word, glanced)
+
+
+class Asked:
+    """The word, and who holds the namespaces of the lives it proves over, seen from /proc before the state
+    lock is taken (a look at every thread and descriptor of the host costs about half a second per 100,000
+    descriptors: no ADD waits on it). None when nothing glanced at is over."""
+
+    __slots__ = ("occupancy", "word")
+
+    def __init__(self, word: Word, glanced: list[dict[str, Any]]) -> None:
+        self.word = word
+        over = [r for r in glanced if _says(word, r) is not None]
+        dirs = frozenset(os.path.realpath(os.path.dirname(r["current"]["netns"])) for r in over)
+        self.occupancy = netns.Occupancy(dirs) if over else None
 
 
 def doctor_findings(args: Any) -> list[Any]:
@@ -102,21 +122,22 @@ class Said:
         counters.add_by_kind(store, "schedulersWord", counts)
 
 
-def verdicts(word: Word | None, records: list[dict[str, Any]], view: View, apply: bool, args: Any,
+def verdicts(asked: Asked | None, records: list[dict[str, Any]], view: View, apply: bool, args: Any,
              modes: dict[str, str] | None = None, store: Any = None) -> Said:
     """The verdicts of the records the word proves over, but those whose namespace a process is still in;
     with --nomad-remove-netns and --apply, their namespace mounts go first when nothing else holds them (never
     of a network in observe mode: `modes`, network -> clean or observe), each journaled in `store`'s journal
-    before it goes. /proc is read once, and only when the word proves something over."""
+    before it goes. /proc was read once, before the lock (Asked); a record the word proves over that was not
+    there then is left to the next sweep."""
     said = Said()
-    if word is None:
+    if asked is None:
         return said
     remove = apply and store is not None and _removing(args)
-    over = [(r, why) for r, why in ((r, _says(word, r)) for r in records) if why is not None]
-    dirs = frozenset(os.path.realpath(os.path.dirname(r["current"]["netns"])) for r, _ in over)
-    occupancy = netns.Occupancy(dirs) if over else None
+    over = [(r, why) for r, why in ((r, _says(asked.word, r)) for r in records) if why is not None]
+    occupancy = asked.occupancy
     for r, why in over:
-        assert occupancy is not None
+        if occupancy is None or os.path.realpath(os.path.dirname(r["current"]["netns"])) not in occupancy.dirs:
+            continue
         may_remove = remove and (modes or {}).get(r["network"]) != "observe"
         verdict = _judged(r, why, view, occupancy, said, store if may_remove else None)
         if verdict is not None:
@@ -201,7 +222,9 @@ def _remove_netns(r: dict[str, Any], f: Facts, view: View, store: Any, occupancy
     namespace (and so its address) alive: journaled first, logged."""
     fields = {"network": r["network"], "containerID": r["containerID"], "netns": f.netns}
     assert f.ns is not None
-    held = occupancy.held_otherwise(f.ns[:2], f.netns)
+    # a socket made inside, or a descriptor through a mount since detached, keeps a namespace no look at /proc
+    # finds: only a veth going with it shows it gone, and only then may its address be given out again
+    held = "no veth was recorded to show it gone" if f.veth is None else occupancy.held_otherwise(f.ns[:2], f.netns)
     if held is not None:
         log.event("warning", "namespace kept", why=held, **fields)
         view.note(f"Nomad says an allocation is over, but its network namespace would outlive its mount: {held}")
