@@ -289,7 +289,9 @@ def test_a_namespace_that_cannot_be_removed_from_here_keeps_its_reservation(sb, 
             "--cni-conf-dir", str(sb.root / "none"), "--log-file", str(sb.log_file)]
     ro = f"mount -o remount,bind,ro {os.path.dirname(done_ns)}"
     out = sb.run(argv, env={"NOMAD_ADDR": agent.serving.address}, pre=ro)
-    assert out.returncode == 6 and "cannot remove" in out.stderr, out.stdout + out.stderr
+    # (or, with another mount namespace of this machine holding the namespace at another path, as a chroot's
+    # bind of /run does, refused before it tries: the same outcome, for another stated reason)
+    assert out.returncode == 6 and ("cannot remove" in out.stderr or "too" in out.stderr), out.stdout + out.stderr
     assert os.stat(done_ns).st_ino != os.stat(os.path.dirname(done_ns)).st_ino
     assert sb.residue(NET, done, done_ips) == [f"reservation {ip}" for ip in done_ips]
     assert sb.record(done) is not None
