@@ -137,7 +137,7 @@ def remove(path: str) -> str | None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
         err = ctypes.get_errno()
-        if err != 22:  # EINVAL: not a mount point (a path Nomad no longer mounts): the file alone goes
+        if err != errno.EINVAL:  # not a mount point (a path Nomad no longer mounts): the file alone goes
             return f"cannot unmount {path}: {os.strerror(err)}"
     try:
         os.unlink(path)

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 from cni_reaper import PLUGIN_NAME, __version__, log
 from cni_reaper.errors import INVALID_CONFIG, CniError
-from cni_reaper.tools import nomad_word
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND, EXIT_LEFT, EXIT_DOCTOR, EXIT_BLIND = 0, 1, 2, 3, 4, 5, 6
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"  # Nomad's client cni_path default, then Debian's plugins
@@ -40,6 +39,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors exit 2, as documented
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _nomad_flags(p: argparse.ArgumentParser, remove: bool) -> None:
+    """The scheduler's word (tools/nomad_word.py, imported only when a command asks for it)."""
+    p.add_argument("--nomad", action="store_true", help="also the local Nomad agent's word (NOMAD_ADDR...)")
+    p.add_argument("--nomad-token-file", metavar="FILE", help="its ACL token, from FILE")
+    if remove:
+        p.add_argument("--nomad-remove-netns", action="store_true",
+                       help="and the netns of allocations it says are over")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -75,13 +83,13 @@ def parser() -> argparse.ArgumentParser:
                    help="also rules tagged for containers with no record and no live netns (in libcni's cache)")
     p.add_argument("--log-file", help="where --apply logs what it removed (overrides logFile; \"\" for none)")
     p.add_argument("--lock-timeout", type=float, metavar="S", help="seconds to wait for the state lock")
-    nomad_word.add_arguments(p)
+    _nomad_flags(p, remove=True)
     p = sub.add_parser("doctor", help="check the conflists and the host; changes nothing")
     _common(p)
     p.add_argument("--cni-path", help=f"where the plugins are, as Nomad's client cni_path (default: the cni_path of "
                                       f"the Nomad client's configuration in /etc/nomad.d, else {DEFAULT_CNI_PATH})")
     p.add_argument("--nomad-config", default="/etc/nomad.d", metavar="DIR", help="the Nomad agent's configuration files")
-    nomad_word.add_connection_arguments(p)
+    _nomad_flags(p, remove=False)
     p.add_argument("--log-file", help="overrides logFile")
     p = sub.add_parser("journal", help="what clean-ups removed (and undo put back), from the journal")
     _common(p)
@@ -334,6 +342,7 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
     network's records, or else its conflist, say host-local keeps it: orphans.proven_dead)."""
     from cni_reaper.reap.sweep import select, sweep
     from cni_reaper.state.store import Store
+    from cni_reaper.tools import nomad_word
 
     first = group[0]
     store = None
@@ -418,6 +427,8 @@ def cmd_sweep(args) -> int:
     log.begin(contexts[0].conf.logFile if args.apply else None, stderr=False, verb="sweep")
     total = Outcome()
     view = View(at_once=True)  # what something not ours held is looked at now, not at its retry time
+    from cni_reaper.tools import nomad_word
+
     by_dir = list(_by_state_dir(contexts).values())
     # asked before any state lock is taken: no ADD waits on Nomad's API
     word = nomad_word.ask(args, lambda: [r for g in by_dir for r in _glance(g[0])], view)  # and /proc, if need be
@@ -527,7 +538,7 @@ def cmd_metrics(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from cni_reaper.tools import doctor
+    from cni_reaper.tools import doctor, nomad_word
 
     dirs, found = _scan(args)
     contexts, skipped = _contexts(args, (dirs, found))

@@ -30,17 +30,6 @@ if TYPE_CHECKING:
 REMOVE_ENV = "CNI_REAPER_NOMAD_REMOVE_NETNS"
 
 
-def add_connection_arguments(p: Any) -> None:
-    p.add_argument("--nomad", action="store_true", help="also the local Nomad agent's word (NOMAD_ADDR...)")
-    p.add_argument("--nomad-token-file", metavar="FILE", help="its ACL token, from FILE")
-
-
-def add_arguments(p: Any) -> None:
-    add_connection_arguments(p)
-    p.add_argument("--nomad-remove-netns", action="store_true",
-                   help="and the netns of allocations it says are over")
-
-
 def _asked(args: Any, wanted: Callable[[], set[str]]) -> tuple[Word, str] | None:
     if not nomad.enabled(os.environ, getattr(args, "nomad", False)):
         return None
