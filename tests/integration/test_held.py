@@ -15,6 +15,7 @@ import pytest
 from cni_reaper import jsonio
 from cni_reaper.reap.netfilter import chains
 from cni_reaper.state.index import Entry
+from cni_reaper.state.record import of_document
 from testkit.sandbox import REPO, Stack, ips_of, open_sandbox, sh, unique
 
 pytestmark = pytest.mark.netns
@@ -150,7 +151,7 @@ def test_an_index_journal_line_whose_mark_is_no_time_is_not_taken(nft_sb, left):
     cid, netns = unique("alloc-"), sb.container()
     ips = ips_of(sb.driver("add", cid, netns, PORTS, sb.conflist()))
     path = _record_path(sb, cid)
-    v = Entry.of_record(json.loads(path.read_text()), os.stat(path).st_ino).to_list()
+    v = Entry.of_record(of_document(json.loads(path.read_text())), os.stat(path).st_ino).to_list()
     v[-1] = left
     with open(sb.state_dir() / ".index-journal", "a") as f:
         f.write(jsonio.dumps([path.name, v]) + "\n")

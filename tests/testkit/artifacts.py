@@ -62,25 +62,24 @@ def write_records(sb, network: str, items: list[tuple[str, str, int, str]], stat
     evidence an ADD in sandbox `sb`'s host would have recorded: the namespace and its directory, the host
     (this boot, the sandbox's host netns) and, where it is planted already, the address's reservation."""
     from cni_reaper.reap import probes
-    from cni_reaper.state.record import life, merge, settings
+    from cni_reaper.state.record import HostId, RecordedIP, RecordedPortMapping, RecordSettings, life, merge
     from cni_reaper.state.store import Store
 
-    host = {"boot": probes.host().boot, "machine": probes.host().machine,
-            "netns": os.stat(f"/var/run/netns/{sb.host}").st_ino, "mnt": probes.host().mnt}
+    h = probes.host()
+    assert h.boot is not None and h.mnt is not None
+    host = HostId(h.boot, h.machine, os.stat(f"/var/run/netns/{sb.host}").st_ino, h.mnt)
     ipam_dir = ipam_dir or sb.cni_dir / "networks"
     seen_as = ipam_seen_as or ("/var/lib/cni/networks" if ipam_dir == sb.cni_dir / "networks" else str(ipam_dir))
     store = Store(str(state_dir or sb.state_dir())).open()
     try:
         with store.locked():
             for cid, ip, port, netns in items:
-                observed = probes.observe_life(netns, [])
-                observed.update(host=host, veth=None)
+                observed = probes.observe_life(netns, []).replace(host=host, veth=None)
                 found = probes.find_reservation([str(ipam_dir)], network, ip, cid, "eth0")
                 if found is not None:
-                    found["dataDir"] = seen_as  # as the plugin sees it (the sandbox's /var/lib/cni is a mount)
-                inc = life(netns, observed, [{"address": ip, "prefix": 16, "family": 4, "reservation": found}],
-                           [{"hostPort": port, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
-                record, _ = merge(None, network, cid, "eth0", inc, {}, settings(seen_as, "/var/lib/cni", "auto"))
+                    found = found.replace(data_dir=seen_as)  # as the plugin sees it (the sandbox's /var/lib/cni is a mount)
+                inc = life(observed, [RecordedIP(ip, 16, 4, found)], [RecordedPortMapping(port, 80, "tcp", "")])
+                record, _ = merge(None, network, cid, "eth0", inc, {}, RecordSettings(seen_as, "/var/lib/cni", "auto"))
                 store.save(record)
     finally:
         store.close()

@@ -5,13 +5,15 @@ the tombstone's second look; what was left of another container's does not."""
 from __future__ import annotations
 
 from cni_reaper.reap.outcome import Outcome
+from cni_reaper.state.record import Record
 from cni_reaper.verbs.delete import _finished
+from testkit.records import bare
 
 KEY = ("nomad", "alloc-1", "eth0")
 
 
-def record() -> dict:
-    return {"network": KEY[0], "containerID": KEY[1], "ifname": KEY[2], "left": None}
+def record() -> Record:
+    return bare(*KEY)
 
 
 def test_something_left_of_the_attachment_is_not_finished_whatever_the_words():

@@ -33,15 +33,15 @@ def test_what_a_mark_makes_of_a_judgement(state, left, tombstoned, at_once, now,
 
 
 def test_the_wait_doubles_up_to_an_hour_and_every_mark_reads_back():
-    rec: dict = {"left": None}
+    mark = None
     waits = []
     for tries in range(1, 10):
-        mark = record.held("ipv4 nat CNI-1: still referenced by 1 rule(s) we do not own", rec)
-        assert mark["tries"] == tries
-        waits.append(record.parse_time(mark["retryAt"]) - record.parse_time(mark["at"]))
-        rec = {"left": mark}
-        assert record.left_mark(rec) == record.parse_time(mark["retryAt"])
+        mark = record.held("ipv4 nat CNI-1: still referenced by 1 rule(s) we do not own", mark)
+        assert mark.tries == tries and mark.retry_at is not None
+        waits.append(record.parse_time(mark.retry_at) - record.parse_time(mark.at))
+        assert mark.mark == record.parse_time(mark.retry_at)
+        assert record.Left.of(mark.doc()) == mark  # read back as written
     assert [round(w) for w in waits] == [60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]
     # a mark left for the runtime does not count as a try
-    assert record.held("x", {"left": record.left("y")})["tries"] == 1
-    assert record.left_mark({"left": record.left("y")}) is True and record.left_mark({}) is False
+    assert record.held("x", record.left("y")).tries == 1
+    assert record.left("y").mark is True

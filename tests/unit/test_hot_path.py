@@ -78,7 +78,7 @@ def test_a_del_that_must_clean_does_load_the_machinery(tmp_path):
     dead = run_verb("DEL", conf(state), netns="/var/run/netns/gone-for-good")
     assert dead["rc"] == 0 and "cni_reaper.reap.cleanup" in dead["heavy"]
     # and even then nothing for the classes' or the types' sake: dataclasses (with inspect, ast, tokenize),
-    # typing and json cost a cleaning call ~12 ms of imports (cni_reaper/reap/values.py); nor for running the
+    # typing and json cost a cleaning call ~12 ms of imports (cni_reaper/values.py); nor for running the
     # tools (subprocess: signal, enum, threading, selectors, contextlib), the chains' names (hashlib: OpenSSL),
     # conntrack's netlink socket (socket: selectors, enum) or a lock (contextlib: collections, functools):
     # another ~18 ms (Python 3.9)

@@ -81,6 +81,10 @@ def confs(draw):
     return raw
 
 
+def vars_of(p: fastconf.PortMapping) -> dict:
+    return {"hostPort": p.hostPort, "containerPort": p.containerPort, "protocol": p.protocol, "hostIP": p.hostIP}
+
+
 def _fast(raw):
     try:
         return fastconf.parse(raw)
@@ -106,7 +110,7 @@ def test_config_mirror_agrees_with_the_schema(raw):
     for attr in ("name", "type", "stateDir", "ipamDataDir", "cniCacheDir", "backend", "lockTimeout", "logFile",
                  "mode", "prevResult", "portMappingsDeclared"):
         assert getattr(fast, attr) == getattr(slow, attr), attr
-    assert [p.as_dict() for p in fast.portMappings] == [p.model_dump() for p in slow.runtimeConfig.portMappings]
+    assert [vars_of(p) for p in fast.portMappings] == [p.model_dump() for p in slow.runtimeConfig.portMappings]
 
 
 def _addresses():
@@ -181,7 +185,7 @@ def _slow_ips(raw, version):
 
 
 def _same_ips(fast, slow) -> bool:
-    got = [(ipaddress.ip_address(i["address"]).packed, i["prefix"], i["family"]) for i in fast]
+    got = [(ipaddress.ip_address(i.address).packed, i.prefix, i.family) for i in fast]
     return got == [(i.ip.packed, i.network.prefixlen, i.version) for i in slow]
 
 
@@ -228,7 +232,7 @@ def test_config_mirror_agrees_on_the_boundaries():
         assert (fast is None) == (slow is None), (field, value)
         if fast is not None:
             assert getattr(fast, field if field != "runtimeConfig" else "portMappings") is not None
-            assert [p.as_dict() for p in fast.portMappings] == [p.model_dump() for p in slow.runtimeConfig.portMappings]
+            assert [vars_of(p) for p in fast.portMappings] == [p.model_dump() for p in slow.runtimeConfig.portMappings]
             assert (fast.lockTimeout, fast.backend, fast.logFile) == (slow.lockTimeout, slow.backend, slow.logFile)
 
 
@@ -259,15 +263,16 @@ RESERVATION = {"dataDir": "/var/lib/cni/networks", "dev": 65024, "ino": 12, "mti
 
 
 def _valid_record(schema: int = 2) -> dict:
+    """A record document as the builders make it (the typed model's `doc`), with an earlier life and a tombstone."""
     from cni_reaper.state import record
 
-    inc = record.life("/var/run/netns/alloc-1", json.loads(json.dumps(OBSERVED)),
-                      [{"address": "172.26.64.2", "prefix": 20, "family": 4, "reservation": dict(RESERVATION)}],
-                      [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
-    rec, _ = record.merge(None, "nomad-reaper", "alloc-1", "eth0", inc, {"NOMAD_JOB_ID": "web"},
-                          record.settings("/var/lib/cni/networks", "/var/lib/cni", "auto"))
-    rec["earlier"] = [json.loads(json.dumps(inc))]
-    rec["deleted"] = record.tombstone(True, True, False, True, cached=True)
+    observed = record.Life.of(dict(OBSERVED, netns="/var/run/netns/alloc-1", ips=[], portMappings=[], createdAt=""))
+    inc = record.life(observed, [record.RecordedIP("172.26.64.2", 20, 4, record.ReservationId.of(RESERVATION))],
+                      [record.RecordedPortMapping(8080, 80, "tcp", "")])
+    typed, _ = record.merge(None, "nomad-reaper", "alloc-1", "eth0", inc, {"NOMAD_JOB_ID": "web"},
+                            record.RecordSettings("/var/lib/cni/networks", "/var/lib/cni", "auto"))
+    typed = typed.replace(earlier=(inc,), deleted=record.tombstone(True, True, False, True, cached=True))
+    rec = json.loads(json.dumps(typed.doc()))
     if schema == 1:  # what cni-reaper 0.2 wrote
         rec = dict(rec, schema=1)
         del rec["settings"]
@@ -311,9 +316,9 @@ def records(draw):
     rec = _valid_record(draw(st.sampled_from([1, 2, 2])))
     mark = draw(st.sampled_from(["none", "none", "left", "held"]))
     if rec["schema"] == 2 and mark == "left":  # waits for the runtime's DEL or GC
-        rec["left"] = record.left("no reservation shows who else holds 172.26.64.2")
+        rec["left"] = record.left("no reservation shows who else holds 172.26.64.2").doc()
     elif rec["schema"] == 2 and mark == "held":  # something not ours holds a leftover: looked at again later
-        rec["left"] = record.held("ipv4 nat CNI-1: still referenced by 1 rule(s) we do not own", rec)
+        rec["left"] = record.held("ipv4 nat CNI-1: still referenced by 1 rule(s) we do not own", None).doc()
     for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2]))):
         places = list(_paths(rec))
         path, container = places[draw(st.integers(0, len(places) - 1))]
@@ -359,10 +364,11 @@ def test_the_record_check_agrees_on_every_time_form():
 def test_a_record_held_or_left_as_the_sweep_writes_it_is_a_record():
     from cni_reaper.state import record
 
-    for mark in (record.left("no reservation shows who else holds it"), record.held("nat CNI-1: still referenced", {})):
-        doc = dict(_valid_record(), left=mark)
+    for mark in (record.left("no reservation shows who else holds it"), record.held("nat CNI-1: still referenced", None)):
+        doc = dict(_valid_record(), left=mark.doc())
         assert record.problem(doc) is None and models.record_problem(doc) is None, mark
-    bad = dict(_valid_record(), left=dict(record.held("x", {}), tries=0))
+        assert record.of_document(doc).doc() == doc  # read and written back key for key
+    bad = dict(_valid_record(), left=dict(record.held("x", None).doc(), tries=0))
     assert record.problem(bad) is not None and models.record_problem(bad) is not None
-    bad = dict(_valid_record(), left={k: v for k, v in record.held("x", {}).items() if k != "tries"})
+    bad = dict(_valid_record(), left={k: v for k, v in record.held("x", None).doc().items() if k != "tries"})
     assert record.problem(bad) is not None and models.record_problem(bad) is not None

@@ -59,34 +59,38 @@ def test_repeated_add_of_the_same_life_keeps_no_earlier_incarnation(tmp_path):
 def _life(address, netns=NETNS):
     from cni_reaper.cni.result import recorded_ips
     from cni_reaper.reap.probes import observe_life
-    from cni_reaper.state.record import life
+    from cni_reaper.state.record import RecordedIP, life
 
-    return life(netns, observe_life(netns, []), recorded_ips(prev_result(address=address)), [])
+    ips = [RecordedIP(a.address, a.prefix, a.family) for a in recorded_ips(prev_result(address=address))]
+    return life(observe_life(netns, []), ips, [])
 
 
-SETTINGS = {"ipamDataDir": "/i", "cniCacheDir": "/c", "backend": "auto"}
+def _settings():
+    from cni_reaper.state.record import RecordSettings
+
+    return RecordSettings("/i", "/c", "auto")
 
 
 def test_re_add_with_new_ip_keeps_the_earlier_incarnation():
     from cni_reaper.state.record import merge
 
-    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {}, SETTINGS)
-    second, kept = merge(first, "n", "x", "eth0", _life("172.26.64.9/20"), {}, SETTINGS)
-    assert kept and second["current"]["ips"][0]["address"] == "172.26.64.9"
-    assert [e["ips"][0]["address"] for e in second["earlier"]] == ["172.26.64.2"]
-    same, kept = merge(second, "n", "x", "eth0", _life("172.26.64.9/20"), {}, SETTINGS)
-    assert not kept and len(same["earlier"]) == 1
+    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {}, _settings())
+    second, kept = merge(first, "n", "x", "eth0", _life("172.26.64.9/20"), {}, _settings())
+    assert kept and second.current.ips[0].address == "172.26.64.9"
+    assert [e.ips[0].address for e in second.earlier] == ["172.26.64.2"]
+    same, kept = merge(second, "n", "x", "eth0", _life("172.26.64.9/20"), {}, _settings())
+    assert not kept and len(same.earlier) == 1
 
 
 def test_re_add_after_del_keeps_the_torn_down_life_only_when_it_held_other_addresses():
     from cni_reaper.state.record import merge, tombstone
 
-    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {}, SETTINGS)
-    first["deleted"] = tombstone(True, True, True, verify=True, cached=True)
-    again, kept = merge(first, "n", "x", "eth0", _life("172.26.64.3/20"), {}, SETTINGS)
-    assert kept and again["deleted"] is None and len(again["earlier"]) == 1
-    same, kept = merge(first, "n", "x", "eth0", _life("172.26.64.2/20"), {}, SETTINGS)
-    assert not kept and same["deleted"] is None and same["earlier"] == []
+    first, _ = merge(None, "n", "x", "eth0", _life("172.26.64.2/20"), {}, _settings())
+    first = first.replace(deleted=tombstone(True, True, True, verify=True, cached=True))
+    again, kept = merge(first, "n", "x", "eth0", _life("172.26.64.3/20"), {}, _settings())
+    assert kept and again.deleted is None and len(again.earlier) == 1
+    same, kept = merge(first, "n", "x", "eth0", _life("172.26.64.2/20"), {}, _settings())
+    assert not kept and same.deleted is None and same.earlier == ()
 
 
 def test_earlier_incarnations_are_bounded():
@@ -94,8 +98,8 @@ def test_earlier_incarnations_are_bounded():
 
     rec = None
     for i in range(2, 30):
-        rec, _ = merge(rec, "n", "x", "eth0", _life(f"172.26.64.{i}/20"), {}, SETTINGS)
-    assert len(rec["earlier"]) == 16 and rec["earlier"][-1]["ips"][0]["address"] == "172.26.64.28"
+        rec, _ = merge(rec, "n", "x", "eth0", _life(f"172.26.64.{i}/20"), {}, _settings())
+    assert rec is not None and len(rec.earlier) == 16 and rec.earlier[-1].ips[0].address == "172.26.64.28"
 
 
 def test_del_marks_a_tombstone_once(tmp_path):

@@ -31,18 +31,22 @@ JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64), st.floats
                  st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
+def _observed(netns: str, parts: dict) -> rec.Life:
+    """What probes.observe_life would have found (the parts given as their documents)."""
+    return rec.Life.of(dict(parts, netns=netns, ips=[], portMappings=[], createdAt=""))
+
+
 def _good_record(i: int) -> dict:
     observed = {"netnsId": {"dev": 4, "ino": 4026532000 + i, "ctime": 1}, "netnsDir": {"dev": 1, "ino": 2, "groups": [1]},
                 "host": {"boot": "b", "machine": "m", "netns": 1, "mnt": 1}, "veth": {"name": f"veth{i:08x}", "ifindex": 9}}
-    life = rec.life(f"/var/run/netns/fuzz-{i}", observed,
-                    [{"address": f"10.9.0.{i + 2}", "prefix": 24, "family": 4,
-                      "reservation": {"dataDir": "/d", "dev": 1, "ino": 3, "mtime": 4, "ctime": 5}}],
-                    [{"hostPort": 9000 + i, "containerPort": 80, "protocol": "tcp", "hostIP": ""}])
-    r, _ = rec.merge(None, "nomad-reaper", f"other-{i}", "eth0", life, {"K": "V"}, rec.settings("/d", "/c", "auto"))
-    r["earlier"] = [json.loads(json.dumps(life))]
+    life = rec.life(_observed(f"/var/run/netns/fuzz-{i}", observed),
+                    [rec.RecordedIP(f"10.9.0.{i + 2}", 24, 4, rec.ReservationId("/d", 1, 3, 4, 5))],
+                    [rec.RecordedPortMapping(9000 + i, 80, "tcp", "")])
+    r, _ = rec.merge(None, "nomad-reaper", f"other-{i}", "eth0", life, {"K": "V"}, rec.RecordSettings("/d", "/c", "auto"))
+    r = r.replace(earlier=(life,))
     if i % 2:
-        r["deleted"] = rec.tombstone(True, True, True, True, cached=True)
-    return r
+        r = r.replace(deleted=rec.tombstone(True, True, True, True, cached=True))
+    return json.loads(json.dumps(r.doc()))
 
 
 def _places(doc, prefix=()):
@@ -162,7 +166,7 @@ def test_no_verb_fails_or_blocks_because_of_another_attachments_state(tmp_path_f
         assert rec.problem(doc) is None
         for life in [doc["current"], *doc["earlier"]]:
             rec.parse_time(life["createdAt"])
-        Entry.of_record(rec.upgrade(doc), 0)
+        Entry.of_record(rec.of_document(doc), 0)
 
 
 ID = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-"), min_size=1,
@@ -193,16 +197,15 @@ def test_what_the_writer_writes_the_reader_reads(tmp_path_factory, cid, network,
             observed = {"netnsId": {"dev": 2**62, "ino": 2**63, "ctime": None}, "netnsDir": {"dev": 1, "ino": 1, "groups": [7] * 8},
                         "host": {"boot": host_text, "machine": host_text, "netns": 1, "mnt": 2},
                         "veth": {"name": link, "ifindex": 1}}
-            ips = [{"address": f"fd00:{k:x}::{i:x}", "prefix": 64, "family": 6,
-                    "reservation": {"dataDir": dir_text, "dev": 1, "ino": 2, "mtime": 3, "ctime": 4}} for i in range(n_ips)]
-            ports = [{"hostPort": 1 + i % 65535, "containerPort": 80, "protocol": "udp", "hostIP": "ffff:" * 7 + "ffff"}
-                     for i in range(n_ports)]
-            life = rec.life(netns, observed, ips, ports)
-            r, _ = rec.merge(r, network, cid, ifname, life, args, rec.settings(dir_text, dir_text, "auto"))
+            ips = [rec.RecordedIP(f"fd00:{k:x}::{i:x}", 64, 6, rec.ReservationId(dir_text, 1, 2, 3, 4)) for i in range(n_ips)]
+            ports = [rec.RecordedPortMapping(1 + i % 65535, 80, "udp", "ffff:" * 7 + "ffff") for i in range(n_ports)]
+            life = rec.life(_observed(netns, observed), ips, ports)
+            r, _ = rec.merge(r, network, cid, ifname, life, args, rec.RecordSettings(dir_text, dir_text, "auto"))
+        assert r is not None
         store.save(r)
         back = store.load(network, cid, ifname)
     store.close()
-    assert back == json.loads(json.dumps(r))
+    assert back == r and back is not None and back.doc() == json.loads(json.dumps(r.doc()))
     assert (state / record_name(network, cid, ifname)).stat().st_size < rec.MAX_RECORD_BYTES
 
 
@@ -211,8 +214,7 @@ def test_a_tombstone_time_the_check_accepts_is_one_every_reader_reads(tmp_path):
     the node fail with an internal error: the index read it with another parser."""
     state = tmp_path / "s"
     r = _good_record(1)
-    r["deleted"] = rec.tombstone(True, True, True, True, cached=True)
-    r["deleted"]["at"] = "2026-11-29T19:33:41-00:00"
+    r["deleted"] = dict(rec.tombstone(True, True, True, True, cached=True).doc(), at="2026-11-29T19:33:41-00:00")
     _plant(state, [r], b"", None, None)
     for verb in ("ADD", "CHECK", "DEL"):
         assert invoke(verb, conf(state), cid="mine")[0] == 0

@@ -69,10 +69,6 @@ class PortMapping:
     def __init__(self, hostPort: int, containerPort: int, protocol: str = "tcp", hostIP: str = "") -> None:
         self.hostPort, self.containerPort, self.protocol, self.hostIP = hostPort, containerPort, protocol, hostIP
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"hostPort": self.hostPort, "containerPort": self.containerPort, "protocol": self.protocol,
-                "hostIP": self.hostIP}
-
 
 def port_mapping(raw: Any) -> PortMapping:
     """One entry of runtimeConfig.portMappings (go-cni sends untagged Go fields: "HostPort", ...).

@@ -18,6 +18,7 @@ from cni_reaper.cni.conf import Invalid, _is_int
 from cni_reaper.cni.ipaddr import parse_go_cidr, parse_ip
 from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import pick
+from cni_reaper.values import Value
 
 RESULT_FIELDS = ("cniVersion", "interfaces", "ips", "ip4", "ip6")
 RESULT_RESETTABLE = ("interfaces", "ips", "ip4", "ip6")
@@ -48,8 +49,17 @@ def _check_interfaces(ifaces: Any) -> None:
             raise Invalid(f"interfaces.{i}.mtu", "Input should be a valid integer")
 
 
-def _address(v: dict[str, Any], key: str, where: str) -> dict[str, Any] | None:
-    """The recorded form of one IP config's address, None when it has none (Go leaves it empty)."""
+class Assigned(Value):
+    """An address a result gives the attachment: the address, its prefix length, its family (4 or 6)."""
+
+    __slots__ = ("address", "family", "prefix")
+
+    def __init__(self, address: str, prefix: int, family: int) -> None:
+        self.address, self.prefix, self.family = address, prefix, family
+
+
+def _address(v: dict[str, Any], key: str, where: str) -> Assigned | None:
+    """One IP config's address, None when it has none (Go leaves it empty)."""
     _gateway(v, where)
     if key not in v:
         return None
@@ -60,7 +70,7 @@ def _address(v: dict[str, Any], key: str, where: str) -> dict[str, Any] | None:
         family, address, prefix = parse_go_cidr(text)
     except ValueError as exc:
         raise Invalid(f"{where}.{key}", f"Value error, {exc}") from None
-    return {"address": address, "prefix": prefix, "family": family}
+    return Assigned(address, prefix, family)
 
 
 def _gateway(v: dict[str, Any], where: str) -> None:
@@ -76,7 +86,7 @@ def _gateway(v: dict[str, Any], where: str) -> None:
             raise Invalid(f"{where}.gateway", f"Value error, {exc}") from None
 
 
-def _old_ips(top: dict[str, Any]) -> list[dict[str, Any] | None]:
+def _old_ips(top: dict[str, Any]) -> list[Assigned | None]:
     """`ip4` and `ip6` of a 0.1.0 or 0.2.0 result."""
     found = []
     for key in ("ip4", "ip6"):
@@ -87,7 +97,7 @@ def _old_ips(top: dict[str, Any]) -> list[dict[str, Any] | None]:
     return found
 
 
-def _new_ips(top: dict[str, Any]) -> list[dict[str, Any] | None]:
+def _new_ips(top: dict[str, Any]) -> list[Assigned | None]:
     """`ips` of a 0.3.0 or later result (and its interfaces checked as Go decodes them)."""
     if "interfaces" in top:
         _check_interfaces(top["interfaces"])
@@ -109,21 +119,21 @@ def _new_ips(top: dict[str, Any]) -> list[dict[str, Any] | None]:
     return found
 
 
-def _ips(prev: dict[str, Any], version: str) -> list[dict[str, Any]]:
+def _ips(prev: dict[str, Any], version: str) -> list[Assigned]:
     top = pick(prev, RESULT_FIELDS, RESULT_RESETTABLE)
     if "cniVersion" in top and not isinstance(top["cniVersion"], str):
         raise Invalid("cniVersion", "Input should be a valid string")
     version = top.get("cniVersion") or version
     found = _old_ips(top) if version in OLD_VERSIONS else _new_ips(top)
-    out: list[dict[str, Any]] = []
+    out: list[Assigned] = []
     for ip in found:
         if ip is not None and ip not in out:
             out.append(ip)
     return out
 
 
-def recorded_ips(prev: dict[str, Any] | None, version: str = "1.0.0") -> list[dict[str, Any]]:
-    """The IPs of a prevResult as the record keeps them: [{"address", "prefix", "family"}]. `version` is the
+def recorded_ips(prev: dict[str, Any] | None, version: str = "1.0.0") -> list[Assigned]:
+    """The addresses of a prevResult, once each. `version` is the
     config's, used when the result names none (as libcni's ParsePrevResult does)."""
     if prev is None:
         return []

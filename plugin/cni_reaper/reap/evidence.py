@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.state.index import Entry, QuickView
+    from cni_reaper.state.record import DirId, HostId, Life, NetnsId, Veth
 
 from cni_reaper.reap import probes
 from cni_reaper.state.record import HELD_MAX_SECONDS
@@ -55,30 +56,30 @@ TOMBSTONE_GRACE_SECONDS = 60.0
 
 
 class Facts:
-    """What a life's record (or its index entry) says that the judgement reads. `host` is (boot, machine,
-    netns, mnt), `veth` (name, ifindex), as the index holds them."""
+    """What a life's record (or its index entry) says that the judgement reads: its netns path, the namespace
+    (NetnsId), the directory's (device, inode) and peer groups, the host, the veth (None where not known)."""
 
     __slots__ = ("boot", "dir", "groups", "host_netns", "machine", "mnt", "netns", "ns", "veth", "veth_index")
 
-    def __init__(self, netns: str, ns: tuple | None, dir_: tuple | None, host: tuple | None,
-                 veth: tuple | None) -> None:
+    def __init__(self, netns: str, ns: NetnsId | None, dir_: DirId | None, host: HostId | None,
+                 veth: Veth | None) -> None:
         self.netns, self.ns = netns, ns
-        self.dir = dir_[:2] if dir_ else None
-        self.groups = tuple(dir_[2]) if dir_ and len(dir_) > 2 else None
-        self.boot, self.machine, self.host_netns, self.mnt = host if host else (None, "", None, None)
-        self.veth, self.veth_index = veth if veth else (None, None)
+        self.dir = (dir_.dev, dir_.ino) if dir_ else None
+        self.groups = dir_.groups if dir_ else None
+        self.boot: str | None = host.boot if host else None
+        self.machine = host.machine if host else ""
+        self.host_netns: int | None = host.netns if host else None
+        self.mnt: int | None = host.mnt if host else None
+        self.veth: str | None = veth.name if veth else None
+        self.veth_index: int | None = veth.ifindex if veth else None
 
     @classmethod
-    def of_life(cls, life: dict[str, Any]) -> Facts:
-        n, d, h, v = life["netnsId"], life.get("netnsDir"), life.get("host"), life.get("veth")
-        return cls(life["netns"], (n["dev"], n["ino"], n.get("ctime")) if n else None,
-                   (d["dev"], d["ino"], tuple(d.get("groups", ()))) if d else None,
-                   (h["boot"], h["machine"], h["netns"], h.get("mnt")) if h else None,
-                   (v["name"], v["ifindex"]) if v else None)
+    def of_life(cls, life: Life) -> Facts:
+        return cls(life.netns, life.netns_id, life.netns_dir, life.host, life.veth)
 
     @classmethod
     def of_entry(cls, e: Entry) -> Facts:
-        return cls(e.netns, e.ns, e.dir, e.host, e.veth)
+        return cls(e.netns, e.netns_id, e.netns_dir, e.host_id, e.veth_id)
 
 
 class View:
@@ -96,7 +97,7 @@ class View:
     def dir_now(self, path: str) -> tuple | None:
         if path not in self._dirs:
             d = probes.dir_id(path)
-            self._dirs[path] = (d["dev"], d["ino"]) if d else None
+            self._dirs[path] = (d.dev, d.ino) if d else None
         return self._dirs[path]
 
     def groups(self, where: str, mountinfo: str = "/proc/self/mountinfo",
@@ -137,8 +138,7 @@ def _path_evidence(f: Facts, view: View) -> tuple[str | None, str]:
         return None, str(exc)
     if now is not None and f.ns is None:
         return LIVE, "a namespace is at its path (none was recorded)"
-    if (now is not None and f.ns is not None and (now["dev"], now["ino"]) == f.ns[:2]
-            and (f.ns[2] is None or now["ctime"] is None or now["ctime"] == f.ns[2])):
+    if now is not None and f.ns is not None and now.same(f.ns):
         return LIVE, "its path holds the namespace recorded"
     where = probes.netns_dir(f.netns)
     current = view.dir_now(where)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from cni_reaper.cni.ipaddr import parse_ip
-from cni_reaper.reap.values import Value
+from cni_reaper.values import Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -149,15 +149,14 @@ class Holders:
         from cni_reaper.reap.evidence import HOLDING, View
         from cni_reaper.reap.hostlocal import NetworkDir, networks_in
         from cni_reaper.reap.sweep import judge_record
-        from cni_reaper.state.record import ips
-
         self.by_ip: dict[str, str] = {}
         view = View()
         for r in store.records():
-            cache_dir = (r["settings"] or {}).get("cniCacheDir", "/var/lib/cni")
-            if r["containerID"] != cid and judge_record(r, view, cache_dir)[0] in HOLDING:
-                for ip in ips(r["current"], *r["earlier"]):
-                    self.by_ip[ip] = f"the attachment {r['containerID']} ({r['network']})"
+            cache_dir = r.settings.cache_dir if r.settings else "/var/lib/cni"
+            if r.container_id != cid and judge_record(r, view, cache_dir)[0] in HOLDING:
+                for life in r.lives:
+                    for ip in life.addresses:
+                        self.by_ip[ip] = f"the attachment {r.container_id} ({r.network})"
         for d in dict.fromkeys(data_dirs):
             for n in networks_in(d):
                 nd = NetworkDir(d, n)

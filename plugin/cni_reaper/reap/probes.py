@@ -27,6 +27,8 @@ TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds o
 if TYPE_CHECKING:
     from typing import Any
 
+from cni_reaper.state.record import DirId, HostId, Life, NetnsId, ReservationId, Veth
+
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MACHINE_ID = "/etc/machine-id"
 SELF_NETNS = "/proc/self/ns/net"
@@ -55,10 +57,10 @@ class Host:
         if self.boot is None and not self.problem:
             self.problem = f"{BOOT_ID} cannot be read"
 
-    def as_record(self) -> dict[str, Any] | None:
+    def as_record(self) -> HostId | None:
         if self.boot is None or self.netns is None or self.mnt is None:
             return None
-        return {"boot": self.boot, "machine": self.machine, "netns": self.netns, "mnt": self.mnt}
+        return HostId(self.boot, self.machine, self.netns, self.mnt)
 
 
 BOUND = "@bound"  # the boot ID read from a file mounted over /proc's (a container's own, as systemd-nspawn gives)
@@ -169,8 +171,8 @@ class Unseen(Exception):
 NOTHING_THERE = (errno.ENOENT, errno.ENOTDIR)
 
 
-def netns_id(path: str | None) -> dict[str, Any] | None:
-    """{"dev", "ino", "ctime"} of the namespace at `path`, or None when no namespace is there (gone,
+def netns_id(path: str | None) -> NetnsId | None:
+    """The identity of the namespace at `path`, or None when no namespace is there (gone,
     unmounted, not nsfs). ctime is None where it does not name one life (the path is a symlink). Raises
     Unseen when the path cannot be looked at: a failed look is no absence."""
     if not path:
@@ -187,7 +189,7 @@ def netns_id(path: str | None) -> dict[str, Any] | None:
         raise Unseen(path, exc) from None
     if nsfs is None or st.st_dev != nsfs:
         return None
-    return {"dev": st.st_dev, "ino": st.st_ino, "ctime": st.st_ctime_ns if pinned else None}
+    return NetnsId(st.st_dev, st.st_ino, st.st_ctime_ns if pinned else None)
 
 
 def holding(group: dict[str, tuple[str, tuple[int, int, int]]]) -> list[str]:
@@ -260,12 +262,12 @@ def holding_flat(names: list[str], paths: list[str], ints: list[int]) -> list[st
     return out
 
 
-def dir_id(path: str) -> dict[str, Any] | None:
+def dir_id(path: str, groups: tuple[int, ...] = ()) -> DirId | None:
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
-    return {"dev": st.st_dev, "ino": st.st_ino} if stat.S_ISDIR(st.st_mode) else None
+    return DirId(st.st_dev, st.st_ino, groups) if stat.S_ISDIR(st.st_mode) else None
 
 
 def netns_dir(path: str) -> str:
@@ -372,8 +374,9 @@ def veth_gone(name: str) -> bool:
         return False
 
 
-def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
-    """What an ADD records to tell this life from every other later (docs/how-it-works.md, "Evidence")."""
+def observe_life(netns_path: str, host_veths: list[str]) -> Life:
+    """What an ADD records to tell this life from every other later (docs/how-it-works.md, "Evidence"), as a
+    life without addresses or ports yet (record.life adds them)."""
     h = host()
     veth = None
     for name in host_veths:
@@ -382,19 +385,19 @@ def observe_life(netns_path: str, host_veths: list[str]) -> dict[str, Any]:
         except Unseen:
             continue
         if index is not None:
-            veth = {"name": name, "ifindex": index}
+            veth = Veth(name, index)
             break
     directory = None
     if netns_path:
         where = netns_dir(netns_path)
         directory = dir_id(where)
         if directory is not None:
-            directory["groups"] = sending_groups(where, netns_path)
+            directory.groups = tuple(sending_groups(where, netns_path))
     try:
         ident = netns_id(netns_path)
     except Unseen:
         ident = None  # recorded without an identity: judged by its path and veth alone, as a 0.2 record is
-    return {"netnsId": ident, "netnsDir": directory, "host": h.as_record(), "veth": veth}
+    return Life(netns_path, ident, directory, h.as_record(), veth, (), (), "")
 
 
 def maybe_there(path: str | None) -> bool:
@@ -438,9 +441,9 @@ def open_network_dir(data_dir: str, network: str) -> int | None:
 
 
 def find_reservation(data_dirs: list[str], network: str, ip: str, container_id: str,
-                     ifname: str) -> dict[str, Any] | None:
-    """Where host-local reserved `ip` for this attachment: {"dataDir", "dev", "ino", "mtime", "ctime"} of the first
-    of `data_dirs` whose reservation file names it, or None (another IPAM, or a directory not known)."""
+                     ifname: str) -> ReservationId | None:
+    """Where host-local reserved `ip` for this attachment: the first of `data_dirs` whose reservation file names
+    it, and that file's identity; None: another IPAM, or a directory not known."""
     for data_dir in data_dirs:
         fd = open_network_dir(data_dir, network)
         if fd is None:
@@ -450,6 +453,6 @@ def find_reservation(data_dirs: list[str], network: str, ip: str, container_id: 
         finally:
             os.close(fd)
         if found is not None and found[0][0] == container_id and found[0][1] in ("", ifname):
-            ident = {k: found[1][k] for k in ("dev", "ino", "mtime", "ctime")}
-            return dict(ident, dataDir=data_dir)
+            st = found[1]
+            return ReservationId(data_dir, st["dev"], st["ino"], st["mtime"], st["ctime"])
     return None

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from cni_reaper.reap.targets import Target
     from cni_reaper.state.index import Entry
     from cni_reaper.state.journal import Journal
+    from cni_reaper.state.record import Life, Record
     from cni_reaper.state.store import Store
 
 from cni_reaper import log
@@ -43,7 +44,7 @@ from cni_reaper.reap.evidence import (
     live_at_path,
     out_of_reach,
 )
-from cni_reaper.state.record import ips, key, left_mark, parse_time
+from cni_reaper.state.record import RecordSettings, ips, parse_time
 
 Key = tuple[str, str, str]  # (network, container ID, ifname)
 
@@ -60,43 +61,30 @@ class Verdict:
         self.state, self.why, self.parts = state, why, parts
 
 
-class RecordSettings:
-    """The settings a record is cleaned with: its own (recorded with it), or its network's."""
-
-    __slots__ = ("backend", "cache_dir", "ipam_dir")
-
-    def __init__(self, ipam_dir: str, cache_dir: str, backend: str) -> None:
-        self.ipam_dir, self.cache_dir, self.backend = ipam_dir, cache_dir, backend
-
-    @classmethod
-    def of_conf(cls, conf: Any) -> RecordSettings:
-        return cls(conf.ipamDataDir, conf.cniCacheDir, conf.backend)
-
-
-def settings_of(record: dict[str, Any], confs: dict[str, Any]) -> RecordSettings | None:
-    """A record's settings: recorded with it; for a record of cni-reaper 0.2, its network's configuration
-    when the sweep has it (None: this sweep must leave the record to a sweep that knows its network)."""
-    s = record["settings"]
-    if s is not None:
-        return RecordSettings(s["ipamDataDir"], s["cniCacheDir"], s["backend"])
-    conf = confs.get(record["network"])
+def settings_of(record: Record, confs: dict[str, Any]) -> RecordSettings | None:
+    """A record's settings (state/record.RecordSettings): recorded with it; for a record of cni-reaper 0.2, its
+    network's configuration when the sweep has it (None: this sweep must leave the record to a sweep that knows
+    its network)."""
+    if record.settings is not None:
+        return record.settings
+    conf = confs.get(record.network)
     return RecordSettings.of_conf(conf) if conf is not None else None
 
 
 # -- judging ----------------------------------------------------------------------------------------
-def judge_record(record: dict[str, Any], view: View, cache_dir: str) -> tuple[str, str]:
-    f = Facts.of_life(record["current"])
-    dead = record["deleted"]
+def judge_record(record: Record, view: View, cache_dir: str) -> tuple[str, str]:
+    f = Facts.of_life(record.current)
+    dead = record.deleted
     if dead is None:
         state, why = judge_life(f, view)
     else:
-        cached_now = cache.exists(cache_dir, *key(record))
-        state, why = judge_tombstone(f, parse_time(dead["at"]), dead["cached"], cached_now, view)
-    left = judge_left(state, left_mark(record), dead is not None, view)
-    if left is None:
+        cached_now = cache.exists(cache_dir, *record.key)
+        state, why = judge_tombstone(f, parse_time(dead.at), dead.cached, cached_now, view)
+    left = judge_left(state, record.left_mark, dead is not None, view)
+    mark = record.left
+    if left is None or mark is None:
         return state, why
-    mark = record["left"]
-    return left, mark["why"] + (f" (looked at again after {mark['retryAt']})" if "retryAt" in mark else "")
+    return left, mark.why + (f" (looked at again after {mark.retry_at})" if mark.retry_at is not None else "")
 
 
 def judge_entry(e: Entry, view: View, cache_dir: str) -> str:
@@ -123,7 +111,7 @@ class Judged:
 
     __slots__ = ("by_runtime", "earlier", "parts", "record", "settings", "state", "why")
 
-    def __init__(self, record: dict[str, Any], state: str, why: str, settings: RecordSettings | None,
+    def __init__(self, record: Record, state: str, why: str, settings: RecordSettings | None,
                  earlier: list[tuple[str, str]], by_runtime: bool = False, parts: frozenset[str] | None = None) -> None:
         self.record, self.state, self.why, self.settings, self.earlier = record, state, why, settings, earlier
         self.by_runtime = by_runtime  # the verdict is the runtime's word (its DEL of it, GC's valid list, Nomad's)
@@ -131,7 +119,7 @@ class Judged:
 
     @property
     def key(self) -> Key:
-        return key(self.record)
+        return self.record.key
 
 
 class Selection:
@@ -149,18 +137,18 @@ class Selection:
         self.holders.setdefault(k, set()).update(addresses)
 
 
-def _judge(sel: Selection, r: dict[str, Any], confs: dict[str, Any], default: Any, exclude: frozenset,
+def _judge(sel: Selection, r: Record, confs: dict[str, Any], default: Any, exclude: frozenset,
            verdict: Verdict | None) -> Judged:
     """Judge one record, and note what it holds: the addresses of each of its lives that is not dead (all of
     them while the record is unknown or its DEL is running; the current ones of the DEL's own record)."""
-    k = key(r)
+    k = r.key
     s = settings_of(r, confs)
     state, why = (verdict.state, verdict.why) if verdict is not None else \
         judge_record(r, sel.view, (s or RecordSettings.of_conf(default)).cache_dir)
-    far = out_of_reach(Facts.of_life(r["current"]), sel.view)
+    far = out_of_reach(Facts.of_life(r.current), sel.view)
     if far and state in SWEEPABLE:
         state, why = UNKNOWN, far
-    earlier = [judge_life(Facts.of_life(life), sel.view) for life in r["earlier"]]
+    earlier = [judge_life(Facts.of_life(life), sel.view) for life in r.earlier]
     _note_holdings(sel, r, state, earlier, k in exclude)
     if state == UNKNOWN:
         sel.view.note(why)
@@ -170,30 +158,30 @@ def _judge(sel: Selection, r: dict[str, Any], confs: dict[str, Any], default: An
     return Judged(r, state, why, s, earlier, by_runtime=by_word is not None, parts=by_word.parts if by_word else None)
 
 
-def _note_holdings(sel: Selection, r: dict[str, Any], state: str, earlier: list[tuple[str, str]], excluded: bool) -> None:
+def _note_holdings(sel: Selection, r: Record, state: str, earlier: list[tuple[str, str]], excluded: bool) -> None:
     """The addresses a judged record holds: its current life's unless dead (or the DEL's own record), each
     earlier life's unless dead (all of them while the record is unknown or its DEL is running)."""
-    k = key(r)
+    k = r.key
     if state in HOLDING or excluded:
-        sel.hold(k, ips(r["current"]))
-    for life, (st, _) in zip(r["earlier"], earlier):
+        sel.hold(k, r.current.addresses)
+    for life, (st, _) in zip(r.earlier, earlier):
         if st != DEAD or state in (UNKNOWN, WAIT):
-            sel.hold(k, ips(life))
+            sel.hold(k, life.addresses)
 
 
-def select(records: Iterable[dict[str, Any]], view: View, confs: dict[str, Any], default: Any,
+def select(records: Iterable[Record], view: View, confs: dict[str, Any], default: Any,
            exclude: frozenset = frozenset(), only_network: str | None = None,
            verdicts: dict[Key, Verdict] | None = None) -> Selection:
     """Judge `records` (or take `verdicts` for them: GC's, Nomad's). `confs`: network -> its configuration, for
     records that carry no settings; `default`: the caller's configuration (its data dir is looked at too)."""
     sel = Selection(view)
     for r in records:
-        j = _judge(sel, r, confs, default, exclude, (verdicts or {}).get(key(r)))
-        if j.key in exclude or (only_network and r["network"] != only_network):
+        j = _judge(sel, r, confs, default, exclude, (verdicts or {}).get(r.key))
+        if j.key in exclude or (only_network and r.network != only_network):
             continue
         if j.settings is None:
-            if j.state in SWEEPABLE or j.record["earlier"]:
-                view.note(f"a record of cni-reaper 0.2 of network {r['network']} waits for a sweep that knows "
+            if j.state in SWEEPABLE or j.record.earlier:
+                view.note(f"a record of cni-reaper 0.2 of network {r.network} waits for a sweep that knows "
                           "that network's settings")
             continue
         sel.judged.append(j)
@@ -223,48 +211,47 @@ def select_indexed(store: Store, view: View, conf: Any, exclude: frozenset = fro
 
 
 # -- targets ------------------------------------------------------------------------------------------
-def _expect(life: dict[str, Any], record: dict[str, Any], s: RecordSettings, view: View) -> dict[str, Any]:
+def _expect(life: Life, record: Record, s: RecordSettings, view: View) -> dict[str, Any]:
     """What each address of a life expects its own reservation to be (targets.Expect)."""
     from cni_reaper.reap.targets import Expect
 
     out = {}
-    host = life.get("host")
-    rebooted = host is not None and view.host.boot is not None and probes.same_boot(host["boot"], view.host.boot) is False
-    owner = (record["containerID"], record["ifname"])
-    for ip in life["ips"]:
-        r = ip.get("reservation")
+    host = life.host
+    rebooted = host is not None and view.host.boot is not None and probes.same_boot(host.boot, view.host.boot) is False
+    owner = (record.container_id, record.ifname)
+    for ip in life.ips:
+        r = ip.reservation
         if r is not None:
-            out[ip["address"]] = Expect(r["dataDir"], owner, (r["ino"], r["mtime"], r["ctime"]), dev=r["dev"],
-                                        rebooted=rebooted)
+            out[ip.address] = Expect(r.data_dir, owner, (r.ino, r.mtime, r.ctime), dev=r.dev, rebooted=rebooted)
         elif host is None:  # recorded by cni-reaper 0.2: a reservation naming it, older than the life
-            out[ip["address"]] = Expect(s.ipam_dir, owner, not_after=int(parse_time(life["createdAt"]) * 1e9))
+            out[ip.address] = Expect(s.ipam_dir, owner, not_after=int(life.created * 1e9))
     return out
 
 
-def _forming(life: dict[str, Any]) -> bool:
+def _forming(life: Life) -> bool:
     """Its path holds a namespace other than its own and no reservation was recorded for it (so none can tell
     whether a new life of its container is being made there)."""
-    if life.get("host") is None or any(ip.get("reservation") for ip in life["ips"]):
+    if life.host is None or life.reserved:
         return False
-    return probes.maybe_there(life["netns"])
+    return probes.maybe_there(life.netns)
 
 
 def dead_target(j: Judged, view: View, keep_masq_chain: bool = False, parts: Iterable[str] | None = None,
-                lives: list[dict[str, Any]] | None = None) -> Target:
+                lives: list[Life] | None = None) -> Target:
     """The dead lives of a record (all of them by default; the current one and the earlier ones judged dead)."""
     from cni_reaper.reap.targets import PARTS, Target
 
     r, s = j.record, j.settings
     assert s is not None
     if lives is None:
-        lives = [r["current"]] + [life for life, (st, _) in zip(r["earlier"], j.earlier) if st == DEAD]
+        lives = [r.current] + [life for life, (st, _) in zip(r.earlier, j.earlier) if st == DEAD]
     expect: dict[str, Any] = {}
     for life in reversed(lives):  # the newest life's expectation wins for an address two lives held
         expect.update(_expect(life, r, s, view))
-    whole = len(lives) == 1 + len(r["earlier"])
-    return Target(*key(r), frozenset(ips(*lives)), whole=whole, keep_masq_chain=keep_masq_chain,
+    whole = len(lives) == 1 + len(r.earlier)
+    return Target(*r.key, frozenset(ips(*lives)), whole=whole, keep_masq_chain=keep_masq_chain,
                   parts=frozenset(parts) if parts is not None else j.parts or PARTS, expect=expect, backend=s.backend,
-                  cache_dir=s.cache_dir, forming=_forming(r["current"]) and not j.by_runtime, by_runtime=j.by_runtime)
+                  cache_dir=s.cache_dir, forming=_forming(r.current) and not j.by_runtime, by_runtime=j.by_runtime)
 
 
 def earlier_target(j: Judged, view: View) -> Target | None:
@@ -273,23 +260,23 @@ def earlier_target(j: Judged, view: View) -> Target | None:
 
     r, s = j.record, j.settings
     assert s is not None
-    dead = [life for life, (st, _) in zip(r["earlier"], j.earlier) if st == DEAD]
-    old = ips(*dead) - ips(r["current"])
+    dead = [life for life, (st, _) in zip(r.earlier, j.earlier) if st == DEAD]
+    old = ips(*dead) - r.current.addresses
     if not old:
         return None
     expect: dict[str, Any] = {}
     for life in reversed(dead):
         expect.update({a: e for a, e in _expect(life, r, s, view).items() if a in old})
-    return Target(*key(r), frozenset(old), whole=False, parts=PARTS, expect=expect, backend=s.backend,
+    return Target(*r.key, frozenset(old), whole=False, parts=PARTS, expect=expect, backend=s.backend,
                   cache_dir=s.cache_dir)
 
 
 def targets_of(sel: Selection) -> list[Target]:
     out: list[Target] = list(sel.extra)
     for j in sel.judged:
-        if j.state in SWEEPABLE and not (j.state == DONE and not (j.record["deleted"] or {}).get("verify", True)):
+        if j.state in SWEEPABLE and not _finished_del(j):
             out.append(dead_target(j, sel.view))
-        elif j.state == LIVE and j.record["earlier"]:
+        elif j.state == LIVE and j.record.earlier:
             t = earlier_target(j, sel.view)
             if t is not None:
                 out.append(t)
@@ -390,9 +377,9 @@ def _left_for_the_runtime(store: Store, j: Judged, outcome: Outcome, watching: s
     from cni_reaper.state.record import left
 
     why = outcome.waiting.get(j.key)
-    if why is None or j.state != DEAD or j.record["deleted"] is not None or j.key[0] in watching:
+    if why is None or j.state != DEAD or j.record.deleted is not None or j.key[0] in watching:
         return False
-    store.save(dict(j.record, left=left(why)))
+    store.save(j.record.replace(left=left(why)))
     log.info("left for the runtime's DEL or GC", network=j.key[0], containerID=j.key[1], ifname=j.key[2], why=why)
     return True
 
@@ -406,26 +393,31 @@ def _held(store: Store, j: Judged, outcome: Outcome, watching: set[str]) -> bool
     why = outcome.held.get(j.key)
     if why is None or j.state not in SWEEPABLE or j.key[0] in watching:
         return False
-    mark = held(why, j.record)
-    store.save(dict(j.record, left=mark))
+    mark = held(why, j.record.left)
+    store.save(j.record.replace(left=mark))
     log.info("left in place: something not ours holds it; looked at again later", network=j.key[0],
-             containerID=j.key[1], ifname=j.key[2], why=why, retryAt=mark["retryAt"], tries=mark["tries"])
+             containerID=j.key[1], ifname=j.key[2], why=why, retryAt=mark.retry_at, tries=mark.tries)
     return True
 
 
-def _settling(j: Judged, watching: set[str]) -> list[dict[str, Any]] | None:
+def _finished_del(j: Judged) -> bool:
+    """A record whose own DEL finished its clean-up (a tombstone that needs no look at the tables)."""
+    return j.state == DONE and j.record.deleted is not None and not j.record.deleted.verify
+
+
+def _settling(j: Judged, watching: set[str]) -> tuple[Life, ...] | None:
     """The earlier lives a record keeps when its clean-up went through (None: it is not settled now). A
     record of a dead attachment is dropped; one whose dead earlier lives were cleaned is trimmed."""
     r = j.record
-    if j.key[0] in watching and not (j.state == DONE and not (r["deleted"] or {}).get("verify", True)):
+    if j.key[0] in watching and not _finished_del(j):
         return None  # observe mode: nothing of it was removed
-    kept = [life for life, (st, _) in zip(r["earlier"], j.earlier) if st != DEAD]
-    if not (j.state in SWEEPABLE or (j.state == LIVE and len(kept) != len(r["earlier"]))):
+    kept = tuple(life for life, (st, _) in zip(r.earlier, j.earlier) if st != DEAD)
+    if not (j.state in SWEEPABLE or (j.state == LIVE and len(kept) != len(r.earlier))):
         return None
     return kept
 
 
-def _settle_all(store: Store, due: list[tuple[Judged, list[dict[str, Any]]]], journal: Journal) -> list[Judged]:
+def _settle_all(store: Store, due: list[tuple[Judged, tuple[Life, ...]]], journal: Journal) -> list[Judged]:
     """Drop or trim the records `due`, each as it was journaled first (undo puts it back; one fsync for all);
     the judged records that were dropped."""
     from cni_reaper.state.journal import batches
@@ -448,12 +440,12 @@ def _settle_all(store: Store, due: list[tuple[Judged, list[dict[str, Any]]]], jo
             raise failed
         for j, kept in due[start:end]:
             if j.state not in SWEEPABLE:
-                store.save(dict(j.record, earlier=kept))
+                store.save(j.record.replace(earlier=kept))
         journal.done(event, list(range(end - start)))
     return dropped
 
 
-def _due(store: Store, sel: Selection, outcome: Outcome, watching: set[str]) -> list[tuple[Judged, list[dict[str, Any]]]]:
+def _due(store: Store, sel: Selection, outcome: Outcome, watching: set[str]) -> list[tuple[Judged, tuple[Life, ...]]]:
     """The judged records to settle, each with what of it is kept (_settling): not those left for the
     runtime, kept by the clean-up, or held by something not ours."""
     due = []

@@ -4,7 +4,7 @@ sweep, narrowed by the claims (claims.py), consumed by the clean-up engine and t
 
 from __future__ import annotations
 
-from cni_reaper.reap.values import Value
+from cni_reaper.values import Value
 
 # masq: bridge's masquerade (iptables chain and jump, or native rules); dnat: portmap's (iptables or native);
 # forward: the firewall plugin's CNI-FORWARD rules; reservation: host-local's; conntrack: the entries that

@@ -29,6 +29,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from cni_reaper.state.record import Record
     from cni_reaper.state.safedir import SafeDir
 
     # the netns paths of a quick group: runs of (directory, how many of the group's paths are in it), and the
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import jsonio, log
 from cni_reaper.state.names import all_record_names, is_record_name, others_in
-from cni_reaper.state.record import left_mark, parse_time
+from cni_reaper.state.record import DirId, HostId, NetnsId, Veth, parse_time
 
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
@@ -382,17 +383,34 @@ class Entry:
     def key(self) -> tuple[str, str, str]:
         return (self.network, self.cid, self.ifname)
 
+    # its evidence as the record's typed parts (evidence.Facts.of_entry)
+    @property
+    def netns_id(self) -> NetnsId | None:
+        return NetnsId(*self.ns) if self.ns else None
+
+    @property
+    def netns_dir(self) -> DirId | None:
+        return DirId(*self.dir) if self.dir else None
+
+    @property
+    def host_id(self) -> HostId | None:
+        return HostId(*self.host) if self.host else None
+
+    @property
+    def veth_id(self) -> Veth | None:
+        return Veth(*self.veth) if self.veth else None
+
     @classmethod
-    def of_record(cls, record: dict[str, Any], ino: int) -> Entry:
-        cur, dead, s = record["current"], record["deleted"], record["settings"]
-        n, d, h, v = cur["netnsId"], cur["netnsDir"], cur["host"], cur["veth"]
-        return cls(ino, record["network"], record["containerID"], record["ifname"], cur["netns"],
-                   (n["dev"], n["ino"], n["ctime"]) if n else None, (d["dev"], d["ino"], tuple(d["groups"])) if d else None,
-                   (h["boot"], h["machine"], h["netns"], h["mnt"]) if h else None, (v["name"], v["ifindex"]) if v else None,
-                   parse_time(dead["at"]) if dead is not None else None,
-                   dead["cached"] if dead is not None else None, dead["verify"] if dead is not None else False,
-                   bool(record["earlier"]), sorted(ip["address"] for ip in cur["ips"]),
-                   s["cniCacheDir"] if s else None, left_mark(record))
+    def of_record(cls, record: Record, ino: int) -> Entry:
+        cur, dead, s = record.current, record.deleted, record.settings
+        n, d, h, v = cur.netns_id, cur.netns_dir, cur.host, cur.veth
+        return cls(ino, record.network, record.container_id, record.ifname, cur.netns,
+                   (n.dev, n.ino, n.ctime) if n else None, (d.dev, d.ino, d.groups) if d else None,
+                   (h.boot, h.machine, h.netns, h.mnt) if h else None, (v.name, v.ifindex) if v else None,
+                   parse_time(dead.at) if dead is not None else None,
+                   dead.cached if dead is not None else None, dead.verify if dead is not None else False,
+                   bool(record.earlier), sorted(ip.address for ip in cur.ips),
+                   s.cache_dir if s else None, record.left_mark)
 
     def to_list(self) -> list[Any]:
         """Its fields as JSON holds them (a journal line), in FIELDS' order."""

@@ -1,9 +1,10 @@
-"""The attachment record as the hot path handles it: a plain dict, exactly the JSON document on disk.
-
-`models.Record` (pydantic) is the schema of that document; tests check that every record the verbs write
-validates against it. Here: building a record from what an ADD observed (reap/probes.py makes the
+"""The attachment record: the one module that knows its layout on disk. Every other module sees a record, its
+lives and their parts as the typed classes below (`Record`, `Life`, ...), read from a document by `of_document`
+and written back by `Record.doc`; none reads a record by string key or by position
+(tests/unit/test_record_model.py holds that, and holds the classes to their pydantic twins in models.py, the
+one schema, field by field). Here too: building a record from what an ADD observed (reap/probes.py makes the
 observations; this module only shapes them), keeping earlier lives, tombstones, the one parser of record
-times, and the structural check of records read back from disk.
+times, and the structural check of documents read back from disk (`problem`).
 
 Writer and reader agree on every limit: the builders cut what they are given to the limits below (and say
 so), `problem()` refuses what is past them, and MAX_RECORD_BYTES is larger than the largest record the
@@ -22,13 +23,14 @@ import time
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Iterable
+    from typing import Any, TypeVar
 
-    Record = dict[str, Any]  # the JSON document, see models.Record
-    Life = dict[str, Any]  # one life of it (an "incarnation": what one ADD set up)
+    P = TypeVar("P", bound="Part")
 
 from cni_reaper import __version__
 from cni_reaper.state.names import MAX_RECORD_BYTES  # noqa: F401 - the records' limit, beside the fields' own
+from cni_reaper.values import Value
 
 SCHEMA = 2
 SCHEMAS = (1, 2)  # what is read
@@ -120,72 +122,295 @@ def _time_ok(v: Any) -> bool:
         return False
 
 
+# -- the typed model -----------------------------------------------------------------------------------
+# A record as every other module sees it: slotted classes named as models.py names the schema's parts, each
+# declaring once, in `_fields`, the JSON key of each of its fields, in the document's order. `of` reads a document
+# that problem() accepted (and upgrade() brought to schema 2); `doc` gives the document back, key for key.
+# tests/unit/test_record_model.py holds every class to its pydantic twin field by field, and no module but
+# this one to a record's layout.
+class Part(Value):
+    __slots__ = ()
+    # its field table, in the document's order: (slot, JSON key, how a value that is not None is read and
+    # written: None as it is, a Part class for a nested object, Many(Part class) for a list of them)
+    _fields: tuple[tuple[str, str, Any], ...] = ()
+    _optional: frozenset[str] = frozenset()  # keys left out of the document when their value is None
+
+    @classmethod
+    def of(cls: type[P], d: dict[str, Any]) -> P:
+        new = object.__new__(cls)
+        for slot, k, kind in cls._fields:
+            v = d.get(k)
+            if v is not None:
+                if kind is not None:
+                    v = kind.of(v)
+                elif type(v) is list:
+                    v = tuple(v)
+                elif type(v) is dict:
+                    v = dict(v)
+            object.__setattr__(new, slot, v)
+        return new
+
+    def doc(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for slot, k, kind in self._fields:
+            v = getattr(self, slot)
+            if v is None:
+                if k in self._optional:
+                    continue
+            elif kind is not None:
+                v = kind.doc_of(v)
+            elif type(v) is tuple:
+                v = list(v)
+            elif type(v) is dict:
+                v = dict(v)
+            out[k] = v
+        return out
+
+    @staticmethod
+    def doc_of(v: Part) -> dict[str, Any]:
+        return v.doc()
+
+
+class Many:
+    """A field that is a list of parts (Part._fields)."""
+
+    __slots__ = ("part",)
+
+    def __init__(self, part: Any) -> None:
+        self.part = part
+
+    def of(self, v: list[Any]) -> tuple[Any, ...]:
+        return tuple([self.part.of(x) for x in v])
+
+    @staticmethod
+    def doc_of(v: tuple[Part, ...]) -> list[dict[str, Any]]:
+        return [x.doc() for x in v]
+
+
+class NetnsId(Part):
+    """A network namespace: device and inode of its nsfs file, and (for a bind-mounted one, whose inode stays
+    while it is mounted) the inode's change time in ns (None: not known): the kernel recycles inode numbers."""
+
+    __slots__ = ("ctime", "dev", "ino")
+    _fields = (("dev", "dev", None), ("ino", "ino", None), ("ctime", "ctime", None))
+
+    def __init__(self, dev: int, ino: int, ctime: int | None) -> None:
+        self.dev, self.ino, self.ctime = dev, ino, ctime
+
+    def same(self, other: NetnsId) -> bool:
+        """The same namespace: device and inode agree, and the change time where both know it."""
+        return (self.dev == other.dev and self.ino == other.ino
+                and (self.ctime is None or other.ctime is None or self.ctime == other.ctime))
+
+
+class DirId(Part):
+    """The directory a netns path is in: device, inode, and the peer groups of the mount it is on."""
+
+    __slots__ = ("dev", "groups", "ino")
+    _fields = (("dev", "dev", None), ("ino", "ino", None), ("groups", "groups", None))
+
+    def __init__(self, dev: int, ino: int, groups: tuple[int, ...] = ()) -> None:
+        self.dev, self.ino, self.groups = dev, ino, groups
+
+
+class HostId(Part):
+    """The host a life was recorded on: boot id, machine id, the network and mount namespaces the plugin ran in."""
+
+    __slots__ = ("boot", "machine", "mnt", "netns")
+    _fields = (("boot", "boot", None), ("machine", "machine", None), ("netns", "netns", None), ("mnt", "mnt", None))
+
+    def __init__(self, boot: str, machine: str, netns: int, mnt: int) -> None:
+        self.boot, self.machine, self.netns, self.mnt = boot, machine, netns, mnt
+
+
+class Veth(Part):
+    """The host side of the container's veth pair: its name and index in the host's network namespace."""
+
+    __slots__ = ("ifindex", "name")
+    _fields = (("name", "name", None), ("ifindex", "ifindex", None))
+
+    def __init__(self, name: str, ifindex: int) -> None:
+        self.name, self.ifindex = name, ifindex
+
+
+class ReservationId(Part):
+    """Where host-local reserved an address for a life, and the identity of that file (times in ns)."""
+
+    __slots__ = ("ctime", "data_dir", "dev", "ino", "mtime")
+    _fields = (("data_dir", "dataDir", None), ("dev", "dev", None), ("ino", "ino", None), ("mtime", "mtime", None),
+               ("ctime", "ctime", None))
+
+    def __init__(self, data_dir: str, dev: int, ino: int, mtime: int, ctime: int) -> None:
+        self.data_dir, self.dev, self.ino, self.mtime, self.ctime = data_dir, dev, ino, mtime, ctime
+
+
+class RecordedIP(Part):
+    __slots__ = ("address", "family", "prefix", "reservation")
+    _fields = (("address", "address", None), ("prefix", "prefix", None), ("family", "family", None),
+               ("reservation", "reservation", ReservationId))
+
+    def __init__(self, address: str, prefix: int, family: int, reservation: ReservationId | None = None) -> None:
+        self.address, self.prefix, self.family, self.reservation = address, prefix, family, reservation
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.address}/{self.prefix}"
+
+
+class RecordedPortMapping(Part):
+    __slots__ = ("container_port", "host_ip", "host_port", "protocol")
+    _fields = (("host_port", "hostPort", None), ("container_port", "containerPort", None),
+               ("protocol", "protocol", None), ("host_ip", "hostIP", None))
+
+    def __init__(self, host_port: int, container_port: int, protocol: str, host_ip: str) -> None:
+        self.host_port, self.container_port, self.protocol, self.host_ip = host_port, container_port, protocol, host_ip
+
+    @property
+    def text(self) -> str:
+        return f"{self.host_port}->{self.container_port}/{self.protocol}"
+
+
+class Life(Part):
+    """One life of an attachment (what one ADD set up), with what proves it alive or dead (docs/how-it-works.md,
+    "Evidence"); what is not known is None."""
+
+    __slots__ = ("created_at", "host", "ips", "netns", "netns_dir", "netns_id", "ports", "veth")
+    _fields = (("netns", "netns", None), ("netns_id", "netnsId", NetnsId), ("netns_dir", "netnsDir", DirId),
+               ("host", "host", HostId), ("veth", "veth", Veth), ("ips", "ips", Many(RecordedIP)),
+               ("ports", "portMappings", Many(RecordedPortMapping)), ("created_at", "createdAt", None))
+
+    def __init__(self, netns: str, netns_id: NetnsId | None, netns_dir: DirId | None, host: HostId | None,
+                 veth: Veth | None, ips: tuple[RecordedIP, ...], ports: tuple[RecordedPortMapping, ...],
+                 created_at: str) -> None:
+        self.netns, self.netns_id, self.netns_dir, self.host, self.veth = netns, netns_id, netns_dir, host, veth
+        self.ips, self.ports, self.created_at = ips, ports, created_at
+
+    @property
+    def addresses(self) -> set[str]:
+        return {ip.address for ip in self.ips}
+
+    @property
+    def reserved(self) -> bool:
+        """Whether host-local's reservation of an address of it was found when it was recorded."""
+        return any(ip.reservation is not None for ip in self.ips)
+
+    @property
+    def created(self) -> float:
+        return parse_time(self.created_at)
+
+
+class Tombstone(Part):
+    """Written by DEL: the attachment is being torn down; what DEL knew when it ran (tombstone())."""
+
+    __slots__ = ("at", "cached", "had_port_mappings", "had_prev_result", "netns_gone", "verify")
+    _fields = (("at", "at", None), ("netns_gone", "netnsGone", None), ("had_prev_result", "hadPrevResult", None),
+               ("had_port_mappings", "hadPortMappings", None), ("verify", "verify", None), ("cached", "cached", None))
+
+    def __init__(self, at: str, netns_gone: bool, had_prev_result: bool, had_port_mappings: bool, verify: bool,
+                 cached: bool | None) -> None:
+        self.at, self.netns_gone, self.verify, self.cached = at, netns_gone, verify, cached
+        self.had_prev_result, self.had_port_mappings = had_prev_result, had_port_mappings
+
+
+class Left(Part):
+    """A dead attachment's leftovers that no sweep may take (left()), or that something not ours holds (held():
+    with the time a sweep looks again and how often it found them held)."""
+
+    __slots__ = ("at", "retry_at", "tries", "why")
+    _fields = (("at", "at", None), ("why", "why", None), ("retry_at", "retryAt", None), ("tries", "tries", None))
+    _optional = frozenset(("retryAt", "tries"))
+
+    def __init__(self, at: str, why: str, retry_at: str | None = None, tries: int | None = None) -> None:
+        self.at, self.why, self.retry_at, self.tries = at, why, retry_at, tries
+
+    @property
+    def mark(self) -> bool | float:
+        """What it says to a judgement: True (left for the runtime's DEL or GC), or the time after which a sweep
+        looks at what is held again."""
+        return True if self.retry_at is None else parse_time(self.retry_at)
+
+
+class RecordSettings(Part):
+    """The settings a record is cleaned with, whichever network's verb runs the sweep."""
+
+    __slots__ = ("backend", "cache_dir", "ipam_dir")
+    _fields = (("ipam_dir", "ipamDataDir", None), ("cache_dir", "cniCacheDir", None), ("backend", "backend", None))
+
+    def __init__(self, ipam_dir: str, cache_dir: str, backend: str) -> None:
+        self.ipam_dir, self.cache_dir, self.backend = ipam_dir, cache_dir, backend
+
+    @classmethod
+    def of_conf(cls, conf: Any) -> RecordSettings:
+        return cls(conf.ipamDataDir, conf.cniCacheDir, conf.backend)
+
+
+class Record(Part):
+    """All cni-reaper knows of one attachment (network, container ID, ifname): one file in stateDir."""
+
+    __slots__ = ("cni_args", "container_id", "current", "deleted", "earlier", "ifname", "left", "network",
+                 "plugin_version", "schema", "settings")
+    _fields = (("schema", "schema", None), ("network", "network", None), ("container_id", "containerID", None),
+               ("ifname", "ifname", None), ("current", "current", Life), ("earlier", "earlier", Many(Life)),
+               ("cni_args", "cniArgs", None), ("settings", "settings", RecordSettings),
+               ("plugin_version", "pluginVersion", None), ("deleted", "deleted", Tombstone), ("left", "left", Left))
+    _optional = frozenset(("left",))
+
+    def __init__(self, network: str, container_id: str, ifname: str, current: Life, earlier: tuple[Life, ...],
+                 cni_args: dict[str, str], settings: RecordSettings | None, deleted: Tombstone | None = None,
+                 left: Left | None = None, plugin_version: str = __version__, schema: int = SCHEMA) -> None:
+        self.schema, self.network, self.container_id, self.ifname = schema, network, container_id, ifname
+        self.current, self.earlier, self.cni_args, self.settings = current, earlier, cni_args, settings
+        self.plugin_version, self.deleted, self.left = plugin_version, deleted, left
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.network, self.container_id, self.ifname)
+
+    @property
+    def lives(self) -> tuple[Life, ...]:
+        return (self.current, *self.earlier)
+
+    @property
+    def left_mark(self) -> bool | float:
+        """What its `left` says to a judgement: False (nothing), else Left.mark."""
+        return False if self.left is None else self.left.mark
+
+
 # -- building -----------------------------------------------------------------------------------------
-def life(netns_path: str, observed: dict[str, Any], ips: list[dict[str, Any]], port_mappings: list[dict[str, Any]],
-         warnings: list[str] | None = None) -> Life:
-    """One life as an ADD (or an adopting CHECK) records it. `observed`: what reap/probes.observe_life found
-    (netnsId, netnsDir, host, veth; each None when not known); `ips` carry their `reservation` (or None).
-    What is past a limit is cut, with a warning."""
+def life(observed: Life, ips: list[RecordedIP], ports: list[RecordedPortMapping], warnings: list[str] | None = None) -> Life:
+    """One life as an ADD (or an adopting CHECK) records it: what reap/probes.observe_life found (the evidence,
+    each part None when not known), its addresses (with their reservations) and port mappings. What is past a
+    limit is cut, with a warning."""
     warn = warnings if warnings is not None else []
-    observed = _bounded(observed)
-    ips = [dict(ip, reservation=_bounded_reservation(ip.get("reservation"))) for ip in ips]
     if len(ips) > MAX_IPS:
         warn.append(f"{len(ips)} addresses: only the first {MAX_IPS} recorded")
-    if len(port_mappings) > MAX_PORTS:
-        warn.append(f"{len(port_mappings)} port mappings: only the first {MAX_PORTS} recorded (DNAT rules are "
+    if len(ports) > MAX_PORTS:
+        warn.append(f"{len(ports)} port mappings: only the first {MAX_PORTS} recorded (DNAT rules are "
                     "found by their owner tag anyway)")
-    return {
-        "netns": netns_path,
-        "netnsId": observed.get("netnsId"),
-        "netnsDir": observed.get("netnsDir"),
-        "host": observed.get("host"),
-        "veth": observed.get("veth"),
-        "ips": [dict(ip, reservation=ip.get("reservation")) for ip in ips[:MAX_IPS]],
-        "portMappings": port_mappings[:MAX_PORTS],
-        "createdAt": iso_now(),
-    }
-
-
-def _bounded(observed: dict[str, Any]) -> dict[str, Any]:
-    """Evidence past its limits is not kept (it is read from the kernel and the file system, which make none)."""
-    out = dict(observed)
-    host, veth, d = out.get("host"), out.get("veth"), out.get("netnsDir")
-    if host is not None and (len(host["boot"]) > MAX_HOST or len(host["machine"]) > MAX_HOST):
-        out["host"] = None
-    if veth is not None and len(veth["name"]) > MAX_LINK:
-        out["veth"] = None
-    if d is not None and len(d["groups"]) > 8:
-        out["netnsDir"] = dict(d, groups=d["groups"][:8])
-    return out
-
-
-def _bounded_reservation(r: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if r is None or len(r["dataDir"]) > MAX_DIR else r
-
-
-def settings(ipam_data_dir: str, cni_cache_dir: str, backend: str) -> dict[str, str]:
-    """The settings a record is cleaned with, whichever network's verb runs the sweep."""
-    return {"ipamDataDir": ipam_data_dir, "cniCacheDir": cni_cache_dir, "backend": backend}
-
-
-def _ip_set(life: Life) -> list:
-    return sorted((ip["address"], ip["prefix"], ip["family"]) for ip in life["ips"])
-
-
-def _ns_key(life: Life) -> tuple | None:
-    n = life.get("netnsId")
-    return (n["dev"], n["ino"], n.get("ctime")) if n else None
+    host, veth, d = observed.host, observed.veth, observed.netns_dir
+    if host is not None and (len(host.boot) > MAX_HOST or len(host.machine) > MAX_HOST):
+        host = None  # evidence past its limits is not kept (the kernel and the file system make none)
+    if veth is not None and len(veth.name) > MAX_LINK:
+        veth = None
+    if d is not None and len(d.groups) > 8:
+        d = DirId(d.dev, d.ino, d.groups[:8])
+    kept = tuple(ip if ip.reservation is None or len(ip.reservation.data_dir) <= MAX_DIR else ip.replace(reservation=None)
+                 for ip in ips[:MAX_IPS])
+    return Life(observed.netns, observed.netns_id, d, host, veth, kept, tuple(ports[:MAX_PORTS]), iso_now())
 
 
 def same_life(a: Life, b: Life) -> bool:
     """Two lives are the same when netns path, namespace (device, inode and, where known, its change time)
     and IPs agree (ports may be re-sent; a reservation may have been recorded on one and not the other)."""
-    if a["netns"] != b["netns"] or _ip_set(a) != _ip_set(b):
+    if a.netns != b.netns or _ip_set(a) != _ip_set(b):
         return False
-    ka, kb = _ns_key(a), _ns_key(b)
-    if ka is None or kb is None:
-        return ka == kb
-    return ka[:2] == kb[:2] and (ka[2] is None or kb[2] is None or ka[2] == kb[2])
+    if a.netns_id is None or b.netns_id is None:
+        return a.netns_id is b.netns_id
+    return a.netns_id.same(b.netns_id)
+
+
+def _ip_set(life: Life) -> list[tuple[str, int, int]]:
+    return sorted((ip.address, ip.prefix, ip.family) for ip in life.ips)
 
 
 def _clip_args(cni_args: dict[str, str]) -> dict[str, str]:
@@ -197,47 +422,36 @@ def _clip_args(cni_args: dict[str, str]) -> dict[str, str]:
 
 
 def merge(existing: Record | None, network: str, container_id: str, ifname: str, current: Life,
-          cni_args: dict[str, str], conf_settings: dict[str, str]) -> tuple[Record, bool]:
+          cni_args: dict[str, str], settings: RecordSettings | None) -> tuple[Record, bool]:
     """The record after an ADD (or an adopting CHECK). Returns (record, an earlier life was kept)."""
     earlier: list[Life] = []
     kept = False
     if existing is not None:
-        earlier = list(existing["earlier"])
-        old = existing["current"]
-        if same_life(old, current) and existing["deleted"] is None:
-            current = dict(current, createdAt=old["createdAt"])
-        elif ips(old) - ips(current):
+        earlier = list(existing.earlier)
+        old = existing.current
+        if same_life(old, current) and existing.deleted is None:
+            current = current.replace(created_at=old.created_at)
+        elif old.addresses - current.addresses:
             # an earlier life whose addresses the new one does not hold: its rules are to be cleaned
             earlier.append(old)
             kept = True
-    return {
-        "schema": SCHEMA,
-        "network": network,
-        "containerID": container_id,
-        "ifname": ifname,
-        "current": current,
-        "earlier": earlier[-MAX_EARLIER:],
-        "cniArgs": _clip_args(cni_args),
-        "settings": conf_settings,
-        "pluginVersion": __version__,
-        "deleted": None,
-    }, kept
+    return Record(network, container_id, ifname, current, tuple(earlier[-MAX_EARLIER:]), _clip_args(cni_args),
+                  settings), kept
 
 
 def tombstone(netns_gone: bool, had_prev_result: bool, had_port_mappings: bool, verify: bool,
-              cached: bool | None) -> dict[str, Any]:
+              cached: bool | None) -> Tombstone:
     """What DEL knew when it ran. `verify`: whether a sweep must look at the tables once the DEL is over (a
     DEL that the downstream plugins could do whole needs no look). `cached`: whether libcni's cache held
     this attachment when DEL ran (None: not known). Only an entry that was there and is gone proves that
     the whole chain's DEL succeeded: libcni deletes it then, and only then."""
-    return {"at": iso_now(), "netnsGone": netns_gone, "hadPrevResult": had_prev_result,
-            "hadPortMappings": had_port_mappings, "verify": verify, "cached": cached}
+    return Tombstone(iso_now(), netns_gone, had_prev_result, had_port_mappings, verify, cached)
 
 
-def left(why: str) -> dict[str, Any]:
+def left(why: str) -> Left:
     """A dead attachment's leftovers that no sweep may take (nothing shows they are not a new life's, or
     another attachment's: docs/how-it-works.md, "Evidence"): they wait for the runtime's DEL or GC, and why."""
-    return {"at": iso_now(), "why": why[:MAX_TEXT]}
+    return Left(iso_now(), why[:MAX_TEXT])
 
 
 HELD_FIRST_SECONDS = 60.0  # the first look again at what something not ours holds; doubled each time after
@@ -245,51 +459,51 @@ HELD_MAX_SECONDS = 3600.0  # and never later than this from now (a retry time fu
 HELD_MAX_TRIES = 1 << 30
 
 
-def held(why: str, record: Record) -> dict[str, Any]:
+def held(why: str, before: Left | None) -> Left:
     """A dead attachment's leftover that something not ours holds (a rule of someone else's jumps to its
     chain, a rule without its tag is in it): the record stays, and a verb's sweep looks at it again once
-    `retryAt` has passed (an operator's sweep and GC at once); `tries`: the clean-ups that found it held."""
-    before = record.get("left") or {}
-    tries = min(before.get("tries", 0) + 1, HELD_MAX_TRIES) if "retryAt" in before else 1
+    `retry_at` has passed (an operator's sweep and GC at once); `tries`: the clean-ups that found it held
+    (`before`: the record's mark until now)."""
+    tries = min((before.tries or 0) + 1, HELD_MAX_TRIES) if before is not None and before.retry_at is not None else 1
     wait = min(HELD_FIRST_SECONDS * 2 ** min(tries - 1, 16), HELD_MAX_SECONDS)
-    return {"at": iso_now(), "why": why[:MAX_TEXT], "retryAt": iso_at(time.time() + wait), "tries": tries}
-
-
-def left_mark(record: Record) -> bool | float:
-    """What a record's `left` says to a judgement: False (nothing), True (left for the runtime's DEL or GC), or
-    the time after which a sweep looks at what is held again (held())."""
-    mark = record.get("left")
-    if mark is None:
-        return False
-    return parse_time(mark["retryAt"]) if "retryAt" in mark else True
+    return Left(iso_now(), why[:MAX_TEXT], iso_at(time.time() + wait), tries)
 
 
 def reservation_dir(life: Life) -> str:
     """The data dir host-local reserved a life's first reserved address in ("" none: another IPAM)."""
-    for ip in life["ips"]:
-        if ip.get("reservation"):
-            return str(ip["reservation"]["dataDir"])
-    return ""
+    return next((ip.reservation.data_dir for ip in life.ips if ip.reservation is not None), "")
 
 
-def network_dir(records: list[Record], network: str) -> str:
+def network_dir(records: Iterable[Record], network: str) -> str:
     """Where host-local keeps `network`, as the newest life of its records that had an address reserved saw it
     ("" when none did)."""
-    lives = sorted((life for r in records if r["network"] == network for life in (r["current"], *r["earlier"])),
-                   key=lambda life: str(life.get("createdAt", "")), reverse=True)
+    lives = sorted((life for r in records if r.network == network for life in r.lives),
+                   key=lambda life: life.created_at, reverse=True)
     return next((d for d in map(reservation_dir, lives) if d), "")
 
 
-def key(record: Record) -> tuple[str, str, str]:
-    return (record["network"], record["containerID"], record["ifname"])
-
-
 def ips(*lives: Life) -> set[str]:
-    return {ip["address"] for life in lives for ip in life["ips"]}
+    return {ip.address for life in lives for ip in life.ips}
 
 
-def upgrade(data: Record) -> Record:
-    """A schema 1 record (checked by problem()) in the shape of schema 2: what it lacks is null."""
+def key_of(data: dict[str, Any]) -> tuple[str, str, str]:
+    """The key of a record document problem() accepted (before it is read: its file must be named by it)."""
+    return (data["network"], data["containerID"], data["ifname"])
+
+
+def written_as_read(data: dict[str, Any]) -> bool:
+    """Whether a document problem() accepted is written back as it is (of this schema: not upgraded)."""
+    return bool(data["schema"] == SCHEMA)
+
+
+def of_document(data: dict[str, Any]) -> Record:
+    """The record a document problem() accepted holds (a schema 1 one in the shape of schema 2: what it lacks
+    is None)."""
+    return Record.of(upgrade(data))
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema 1 record document (checked by problem()) in the shape of schema 2: what it lacks is null."""
     if data["schema"] == SCHEMA:
         return data
     out = dict(data, schema=SCHEMA, settings=None)
@@ -301,7 +515,7 @@ def upgrade(data: Record) -> Record:
     return out
 
 
-def _upgrade_life(life: Life) -> Life:
+def _upgrade_life(life: dict[str, Any]) -> dict[str, Any]:
     ns = life["netnsId"]
     return dict(life, netnsId=dict(ns, ctime=None) if ns else None, netnsDir=None, host=None, veth=None,
                 ips=[dict(ip, reservation=None) for ip in life["ips"]])

@@ -14,13 +14,14 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.state.index import QuickView
+    from cni_reaper.state.record import Record
 
 from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from cni_reaper.files import flock_within
 from cni_reaper.state.index import Entry, Index
 from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
-from cni_reaper.state.record import key, problem, upgrade
+from cni_reaper.state.record import key_of, of_document, problem, written_as_read
 from cni_reaper.state.safedir import SafeDir
 
 LOCK_NAME = ".lock"
@@ -33,7 +34,7 @@ class Store:
         self.lock_timeout = lock_timeout
         self.index: Index | None = None  # while locked
         self.waited = 0.0  # how long the last lock() waited
-        self._read: dict[int, tuple[dict[str, Any], str]] = {}  # id(record) -> (it, its file's text): as_read()
+        self._read: dict[int, tuple[Record, jsonio.Raw]] = {}  # id(record) -> (it, its document as read): as_read()
 
     @property
     def root(self) -> str:
@@ -52,10 +53,10 @@ class Store:
         return _Locked(self)
 
     # -- records -------------------------------------------------------------------------------------
-    def load(self, network: str, container_id: str, ifname: str) -> dict[str, Any] | None:
+    def load(self, network: str, container_id: str, ifname: str) -> Record | None:
         return self.load_named(record_name(network, container_id, ifname), expect=(network, container_id, ifname))
 
-    def load_named(self, name: str, expect: tuple[str, str, str] | None = None) -> dict[str, Any] | None:
+    def load_named(self, name: str, expect: tuple[str, str, str] | None = None) -> Record | None:
         """The record in file `name` (in schema 2's shape), or None; an unusable file is moved aside."""
         data, why = self.dir.read(name, MAX_RECORD_BYTES)
         if data is None:
@@ -68,29 +69,29 @@ class Store:
             self._quarantine(name, f"does not parse: {str(exc)[:200]}")
             return None
         why = problem(record)
-        if why is None and (record_name(*key(record)) != name or (expect is not None and key(record) != expect)):
+        if why is None and (record_name(*key_of(record)) != name or (expect is not None and key_of(record) != expect)):
             why = "holds another attachment's key"
         if why is not None:
             self._quarantine(name, why)
             return None
-        out = upgrade(record)
-        if out is record:
+        out = of_document(record)
+        if written_as_read(record):
             text = data.decode("utf-8", "replace").rstrip("\n")
             if jsonio.raw_line(text):
-                self._read[id(record)] = (record, text)
+                self._read[id(out)] = (out, jsonio.Raw(text, record))
         return out
 
-    def as_read(self, record: dict[str, Any]) -> Any:
-        """A record read by this store, with the text it was read from (jsonio.Raw: the journal writes it as it
-        is instead of encoding it again); the record itself when it was not read so (upgraded, made here)."""
+    def as_read(self, record: Record) -> Any:
+        """A record's document for the journal: the text it was read from when this store read it so (jsonio.Raw:
+        the journal writes it as it is instead of encoding it again), else its document."""
         found = self._read.get(id(record))
-        return jsonio.Raw(found[1], record) if found is not None and found[0] is record else record
+        return found[1] if found is not None and found[0] is record else record.doc()
 
-    def save(self, record: dict[str, Any]) -> None:
-        name = record_name(*key(record))
-        data = jsonio.dumps(record).encode() + b"\n"
+    def save(self, record: Record) -> None:
+        name = record_name(*record.key)
+        data = jsonio.dumps(record.doc()).encode() + b"\n"
         if len(data) > MAX_RECORD_BYTES:  # the builders' limits make this impossible; never write what we would refuse
-            raise CniError(IO_FAILURE, f"record of {key(record)[1]} too large ({len(data)} bytes)")
+            raise CniError(IO_FAILURE, f"record of {record.container_id} too large ({len(data)} bytes)")
         try:
             ino = self.dir.write(name, data, durable=True, exclusive_tmp=True)
         except OSError as exc:

@@ -28,6 +28,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from cni_reaper.state.record import Record
+
 from cni_reaper import PLUGIN_NAME, __version__, log
 from cni_reaper.errors import INVALID_CONFIG, CniError
 
@@ -212,7 +214,7 @@ def _by_state_dir(contexts: list[Context]) -> dict[str, list[Context]]:
     return groups
 
 
-def _records(state_dir: str) -> list[dict]:
+def _records(state_dir: str) -> list[Record]:
     from cni_reaper.state.store import Store
 
     if not os.path.isdir(state_dir):
@@ -224,16 +226,16 @@ def _records(state_dir: str) -> list[dict]:
         store.close()
 
 
-def _states(records: list[dict], group: list[Context], view) -> dict[tuple[str, str, str], tuple[str, str]]:
+def _states(records: list[Record], group: list[Context], view) -> dict[tuple[str, str, str], tuple[str, str]]:
     """Each record's state and why, judged as the sweep judges it (with its own settings)."""
-    from cni_reaper.reap.sweep import RecordSettings, judge_record, settings_of
-    from cni_reaper.state.record import key
+    from cni_reaper.reap.sweep import judge_record, settings_of
+    from cni_reaper.state.record import RecordSettings
 
     confs = {c.network: c.conf for c in group if c.network}
     out = {}
     for r in records:
         s = settings_of(r, confs) or RecordSettings.of_conf(group[0].conf)
-        out[key(r)] = judge_record(r, view, s.cache_dir)
+        out[r.key] = judge_record(r, view, s.cache_dir)
     return out
 
 
@@ -250,15 +252,14 @@ STATE_WORDS = {"live": "live", "dead": "dead", "unknown": "unknown", "left": "de
 
 def cmd_list(args) -> int:
     from cni_reaper.reap.evidence import View
-    from cni_reaper.state.record import key
 
     contexts, skipped = _contexts(args)
     items = []
     view = View()
     for state_dir, group in _by_state_dir(contexts).items():
-        records = [r for r in _records(state_dir) if not args.network or r["network"] == args.network]
+        records = [r for r in _records(state_dir) if not args.network or r.network == args.network]
         states = _states(records, group, view)
-        items += [_listed(r, *states[key(r)], state_dir) for r in records]
+        items += [_listed(r, *states[r.key], state_dir) for r in records]
     if args.json:
         print(json.dumps(items, indent=1))
         return EXIT_ERROR if skipped else EXIT_OK
@@ -270,16 +271,15 @@ def cmd_list(args) -> int:
     return EXIT_ERROR if skipped else EXIT_OK
 
 
-def _listed(r: dict, state: str, why: str, state_dir: str) -> dict:
+def _listed(r: Record, state: str, why: str, state_dir: str) -> dict:
     """`list`'s item of one record (its JSON form)."""
-    cur = r["current"]
+    cur = r.current
     return {
-        "network": r["network"], "containerID": r["containerID"], "ifname": r["ifname"],
-        "ips": [f"{ip['address']}/{ip['prefix']}" for ip in cur["ips"]],
-        "ports": [f"{p['hostPort']}->{p['containerPort']}/{p['protocol']}" for p in cur["portMappings"]],
-        "netns": cur["netns"], "state": STATE_WORDS[state], "why": why,
-        "earlierIPs": sorted({f"{ip['address']}/{ip['prefix']}" for life in r["earlier"] for ip in life["ips"]}),
-        "createdAt": cur["createdAt"], "stateDir": state_dir,
+        "network": r.network, "containerID": r.container_id, "ifname": r.ifname,
+        "ips": [ip.cidr for ip in cur.ips], "ports": [p.text for p in cur.ports],
+        "netns": cur.netns, "state": STATE_WORDS[state], "why": why,
+        "earlierIPs": sorted({ip.cidr for life in r.earlier for ip in life.ips}),
+        "createdAt": cur.created_at, "stateDir": state_dir,
     }
 
 
@@ -306,7 +306,7 @@ def backends_line(backend: str) -> str:
     return "iptables: " + "; ".join(parts)
 
 
-def _glance(first: Context) -> list[dict]:
+def _glance(first: Context) -> list[Record]:
     """The records of a state directory as they are now, read without its lock (who to ask Nomad about)."""
     from cni_reaper.state.store import Store
 
@@ -324,14 +324,14 @@ def _glance(first: Context) -> list[dict]:
         store.close()
 
 
-def _sweep_runs(args, group: list[Context], records: list[dict]) -> list[tuple]:
+def _sweep_runs(args, group: list[Context], records: list[Record]) -> list[tuple]:
     """(configuration, network) of each run of a group's sweep: each context's, and (unless one network is
     asked for) the first one's for every network its records name that no conflist does any more."""
     first = group[0]
     runs = [(c.conf, c.network) for c in group]
     if first.network is not None and not args.network:
         named = {c.network for c in group}
-        runs += [(first.conf, n) for n in sorted({r["network"] for r in records} - named)]
+        runs += [(first.conf, n) for n in sorted({r.network for r in records} - named)]
     return runs
 
 
@@ -370,7 +370,7 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
             store.close()
 
 
-def _orphans(group: list[Context], records: list[dict], conf, network: str | None, view) -> list:
+def _orphans(group: list[Context], records: list[Record], conf, network: str | None, view) -> list:
     """The tagged attachments of `network` with no record that libcni's cache or host-local proves dead;
     host-local's directory of the network is where its records saw it, else where its conflist says."""
     from cni_reaper.reap import orphans
@@ -379,14 +379,13 @@ def _orphans(group: list[Context], records: list[dict], conf, network: str | Non
 
     recorded: dict[tuple[str, str], set[str]] = {}
     for r in records:
-        recorded.setdefault((r["network"], r["containerID"]), set()).update(ips(r["current"], *r["earlier"]))
+        recorded.setdefault((r.network, r.container_id), set()).update(ips(*r.lives))
     if not network:
         return orphans.proven_dead(conf, recorded, view, network)
     keeping = next((c.keeping for c in group if c.network == network), Keeping())
     seen = network_dir(records, network)
     if keeping is None:  # wrapped: Nomad's bridge network, whose IPAM is host-local, where its records saw it
-        keeping = Keeping(seen, {f"{ip['address']}/{ip['prefix']}" for r in records if r["network"] == network
-                                 for life in (r["current"], *r["earlier"]) for ip in life["ips"]})
+        keeping = Keeping(seen, {ip.cidr for r in records if r.network == network for life in r.lives for ip in life.ips})
     elif seen and seen != keeping.data_dir:  # the records saw host-local elsewhere than the conflist says it is now
         view.note(f"host-local's directory of {network} is {keeping.data_dir or 'not host-local'} in its conflist, "
                   f"{seen} in its records: its reservations prove nothing")
@@ -394,7 +393,7 @@ def _orphans(group: list[Context], records: list[dict], conf, network: str | Non
     return orphans.proven_dead(conf, recorded, view, network, keeping)
 
 
-def _modes(store, group: list[Context], records: list[dict], settings) -> dict[str, str]:
+def _modes(store, group: list[Context], records: list[Record], settings) -> dict[str, str]:
     """Each network's mode: observe when the state directory (the network's own calls), its conflist here or
     the settings file of wrapped networks says so (state/modes.resolved). The CLI writes none: its view (its
     conflists, its settings file) may not be the runtime's, and only ever raises a mode for its own sweep."""
@@ -405,9 +404,9 @@ def _modes(store, group: list[Context], records: list[dict], settings) -> dict[s
         if c.network and c.conf.mode == "observe":
             known[c.network] = "observe"
     if any(c.network is None and c.conf.mode == "observe" for c in group):  # no conflist: the settings say observe
-        known.update({r["network"]: "observe" for r in records})
+        known.update({r.network: "observe" for r in records})
     wrapped = modes.wrapped_networks(store) if store is not None else set()
-    networks = {r["network"] for r in records} | {c.network for c in group if c.network}
+    networks = {r.network for r in records} | {c.network for c in group if c.network}
     return modes.resolved(known, wrapped, settings, networks)
 
 
@@ -497,7 +496,6 @@ def _print_sweep(args, groups: dict, count: int, total, backends: dict) -> None:
 def cmd_metrics(args) -> int:
     from cni_reaper.reap.evidence import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN, View
     from cni_reaper.state.counters import load as load_counters
-    from cni_reaper.state.record import key
     from cni_reaper.state.store import Store
     from cni_reaper.tools import metrics
 
@@ -517,7 +515,7 @@ def cmd_metrics(args) -> int:
             store.close()
         states = _states(found, group, view)
         for r in found:
-            which = (r["network"], word.get(states[key(r)][0], "torn_down"))
+            which = (r.network, word.get(states[r.key][0], "torn_down"))
             records[which] = records.get(which, 0) + 1
     merged = metrics.merge(counters)
     if args.network:

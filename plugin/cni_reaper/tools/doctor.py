@@ -18,6 +18,10 @@ from cni_reaper.gojson import pick
 from cni_reaper.reap.netfilter import flavour
 from cni_reaper.tools.conflists import Network, Scan
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cni_reaper.state.record import Record
+
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 VERSION_TIMEOUT = 5.0
 
@@ -235,14 +239,14 @@ def check_records(state_dir: str, networks: list[str], states: list[tuple[str, s
                    f"no dead records in {state_dir} ({live} live, {len(states) - live} torn down)")
 
 
-def check_sharing(state_dir: str, contexts: list, records: list[dict]) -> list[Finding]:
+def check_sharing(state_dir: str, contexts: list, records: list[Record]) -> list[Finding]:
     """Networks that share a state directory with different settings: each record is cleaned with the
     settings recorded with it; a record of cni-reaper 0.2 has none, and waits for its own network's."""
     keys = ("ipamDataDir", "cniCacheDir", "backend")
     seen = {tuple(getattr(c.conf, k) for k in keys) for c in contexts}
     if len(seen) <= 1:
         return []
-    legacy = sum(r["settings"] is None for r in records)
+    legacy = sum(r.settings is None for r in records)
     names = ", ".join(c.network for c in contexts)
     msg = (f"networks {names} share {state_dir} with different ipamDataDir, cniCacheDir or backend: each record "
            "is cleaned with its own network's settings, recorded with it")

@@ -17,7 +17,6 @@ from cni_reaper.reap import netns, nomad, probes, scheduler
 from cni_reaper.reap.evidence import DEAD, Facts, judge_life
 from cni_reaper.reap.sweep import Verdict
 from cni_reaper.state.journal import Journal
-from cni_reaper.state.record import key, parse_time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
 
     from cni_reaper.reap.evidence import View
     from cni_reaper.reap.scheduler import Word
+    from cni_reaper.state.record import Record
 
 REMOVE_ENV = "CNI_REAPER_NOMAD_REMOVE_NETNS"
 
@@ -40,14 +40,14 @@ def _asked(args: Any, wanted: Callable[[], set[str]]) -> tuple[Word, str] | None
     return scheduler.ask(nomad.Agent(conn), wanted()), conn.address
 
 
-def ask(args: Any, records: Callable[[], list[dict[str, Any]]], view: View) -> Asked | None:
+def ask(args: Any, records: Callable[[], list[Record]], view: View) -> Asked | None:
     """The scheduler's word on the allocations the records name (`records`: read only when Nomad is
     configured; None: it is not); what it could not prove is noted in the view (the CLI's exit 6)."""
-    glanced: list[dict[str, Any]] = []
+    glanced: list[Record] = []
 
     def wanted() -> set[str]:
         glanced.extend(records())
-        return {r["containerID"] for r in glanced}
+        return {r.container_id for r in glanced}
 
     asked = _asked(args, wanted)
     if asked is None:
@@ -65,10 +65,10 @@ class Asked:
 
     __slots__ = ("occupancy", "word")
 
-    def __init__(self, word: Word, glanced: list[dict[str, Any]]) -> None:
+    def __init__(self, word: Word, glanced: list[Record]) -> None:
         self.word = word
         over = [r for r in glanced if _says(word, r) is not None]
-        dirs = frozenset(os.path.realpath(os.path.dirname(r["current"]["netns"])) for r in over)
+        dirs = frozenset(os.path.realpath(os.path.dirname(r.current.netns)) for r in over)
         self.occupancy = netns.Occupancy(dirs) if over else None
 
 
@@ -111,7 +111,7 @@ class Said:
         counters.add_by_kind(store, "schedulersWord", counts)
 
 
-def verdicts(asked: Asked | None, records: list[dict[str, Any]], view: View, apply: bool, args: Any,
+def verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool, args: Any,
              modes: dict[str, str] | None = None, store: Any = None) -> Said:
     """The verdicts of the records the word proves over, but those whose namespace a process is still in;
     with --nomad-remove-netns and --apply, their namespace mounts go first when nothing else holds them (never
@@ -125,12 +125,12 @@ def verdicts(asked: Asked | None, records: list[dict[str, Any]], view: View, app
     over = [(r, why) for r, why in ((r, _says(asked.word, r)) for r in records) if why is not None]
     occupancy = asked.occupancy
     for r, why in over:
-        if occupancy is None or os.path.realpath(os.path.dirname(r["current"]["netns"])) not in occupancy.dirs:
+        if occupancy is None or os.path.realpath(os.path.dirname(r.current.netns)) not in occupancy.dirs:
             continue
-        may_remove = remove and (modes or {}).get(r["network"]) != "observe"
+        may_remove = remove and (modes or {}).get(r.network) != "observe"
         verdict = _judged(r, why, view, occupancy, said, store if may_remove else None)
         if verdict is not None:
-            said.verdicts[key(r)] = verdict
+            said.verdicts[r.key] = verdict
     return said
 
 
@@ -140,11 +140,11 @@ def _removing(args: Any) -> bool:
         os.environ.get(REMOVE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def _judged(r: dict[str, Any], why: str, view: View, occupancy: netns.Occupancy, said: Said,
+def _judged(r: Record, why: str, view: View, occupancy: netns.Occupancy, said: Said,
             store: Any) -> Verdict | None:
     """The verdict on one record the word proves over (None: a process is in its namespace); with `store`,
     its namespace mount is removed first, when nothing else holds it."""
-    f = Facts.of_life(r["current"])
+    f = Facts.of_life(r.current)
     seen = judge_life(f, view)  # before any removal: a removal that failed half-way changes this view only
     if seen[0] != DEAD:  # dead by the host's own evidence: its namespace is gone, its number may be another's
         why_not = _occupied(f, occupancy)
@@ -153,7 +153,7 @@ def _judged(r: dict[str, Any], why: str, view: View, occupancy: netns.Occupancy,
                       "nothing of it was removed")
             return None
     if store is not None and _pinned_here(f) and _remove_netns(r, f, view, store, occupancy):
-        said.namespaces[(r["network"], "namespaces")] = said.namespaces.get((r["network"], "namespaces"), 0) + 1
+        said.namespaces[(r.network, "namespaces")] = said.namespaces.get((r.network, "namespaces"), 0) + 1
         seen = judge_life(f, view)
     return _verdict(why, seen)
 
@@ -161,28 +161,26 @@ def _judged(r: dict[str, Any], why: str, view: View, occupancy: netns.Occupancy,
 def _occupied(f: Facts, occupancy: netns.Occupancy) -> str | None:
     """Why a process may be in a life's namespace (None: none is, as far as every thread was seen): its
     namespace is the one recorded, else the one its path holds now (a life recorded without it)."""
-    ns = f.ns[:2] if f.ns else None
+    ns = f.ns
     if ns is None:
         try:
-            now = probes.netns_id(f.netns)
+            ns = probes.netns_id(f.netns)
         except probes.Unseen as exc:
             return f"its namespace cannot be told ({exc})"
-        ns = (now["dev"], now["ino"]) if now else None
     if ns is None:
         return "no namespace was recorded for it, and none is at its path to look into"
-    pid = occupancy.process_in(ns)
+    pid = occupancy.process_in((ns.dev, ns.ino))
     if pid is not None:
         return f"a process is in its network namespace (pid {pid})"
     return occupancy.unseen()
 
 
-def _says(word: Word, r: dict[str, Any]) -> str | None:
+def _says(word: Word, r: Record) -> str | None:
     """Why the word proves this record's attachment over (None: it does not, or a DEL ran: its tombstone is
     judged as ever, for the DEL may be in flight)."""
-    if r["deleted"] is not None:
+    if r.deleted is not None:
         return None
-    life = r["current"]
-    return word.says_over(r["containerID"], parse_time(life.get("createdAt")), life["netns"])
+    return word.says_over(r.container_id, r.current.created, r.current.netns)
 
 
 def _verdict(why: str, judged: tuple[str, str]) -> Verdict:
@@ -202,25 +200,26 @@ def _pinned_here(f: Facts) -> bool:
         now = probes.netns_id(f.netns)
     except probes.Unseen:
         return False
-    return (now is not None and f.ns is not None and (now["dev"], now["ino"]) == f.ns[:2]
-            and f.ns[2] is not None and now["ctime"] == f.ns[2])
+    return (now is not None and f.ns is not None and (now.dev, now.ino) == (f.ns.dev, f.ns.ino)
+            and f.ns.ctime is not None and now.ctime == f.ns.ctime)
 
 
-def _remove_netns(r: dict[str, Any], f: Facts, view: View, store: Any, occupancy: netns.Occupancy) -> bool:
+def _remove_netns(r: Record, f: Facts, view: View, store: Any, occupancy: netns.Occupancy) -> bool:
     """Remove the namespace mount of a life the word proves over, unless something else would keep the
     namespace (and so its address) alive: journaled first, logged."""
-    fields = {"network": r["network"], "containerID": r["containerID"], "netns": f.netns}
+    fields = {"network": r.network, "containerID": r.container_id, "netns": f.netns}
     assert f.ns is not None
     # a socket made inside, or a descriptor through a mount since detached, keeps a namespace no look at /proc
     # finds: only a veth going with it shows it gone, and only then may its address be given out again
-    held = "no veth was recorded to show it gone" if f.veth is None else occupancy.held_otherwise(f.ns[:2], f.netns)
+    held = ("no veth was recorded to show it gone" if f.veth is None
+            else occupancy.held_otherwise((f.ns.dev, f.ns.ino), f.netns))
     if held is not None:
         log.event("warning", "namespace kept", why=held, **fields)
         view.note(f"Nomad says an allocation is over, but its network namespace would outlive its mount: {held}")
         return False
     journal = Journal(store)
     try:
-        event = journal.intent(log.field("verb"), [{"kind": "netns", "key": list(key(r)), "netns": f.netns}])
+        event = journal.intent(log.field("verb"), [{"kind": "netns", "key": list(r.key), "netns": f.netns}])
     except OSError as exc:
         view.note(f"the journal cannot be written ({exc.strerror}): no namespace is removed unnoted")
         return False

@@ -93,9 +93,8 @@ def _data_dirs(store: Store, given: list[str], entries: list[Removed]) -> list[s
 
     named = [e.item["dataDir"] for e in entries if _absolute(e.item.get("dataDir"))]
     for r in store.records():
-        named += [ip["reservation"]["dataDir"] for life in (r["current"], *r["earlier"]) for ip in life["ips"]
-                  if ip.get("reservation")]
-        named += [r["settings"]["ipamDataDir"]] if r["settings"] else []
+        named += [ip.reservation.data_dir for life in r.lives for ip in life.ips if ip.reservation is not None]
+        named += [r.settings.ipam_dir] if r.settings else []
     return list(dict.fromkeys([*given, *DEFAULT_IPAM_DIRS, *named]))
 
 
@@ -497,18 +496,18 @@ def _record(store: Store, entries: list[Removed], report: Report, dry_run: bool)
 
 
 def _record_of(store: Store, entries: list[Removed], report: Report, dry_run: bool) -> None:
-    from cni_reaper.state.record import key, problem
+    from cni_reaper.state.record import key_of, of_document, problem
 
     newest = max(entries, key=lambda e: e.at)
     rec = newest.item["record"]
     if problem(rec) is not None:
         report.no(newest, "the journaled record is not one the reader takes")
         return
-    if store.load(*key(rec)) is not None:
+    if store.load(*key_of(rec)) is not None:
         report.no(newest, "a record of this attachment exists (a newer life)")
     else:
         if not dry_run:
-            store.save(rec)
+            store.save(of_document(rec))
         report.ok(newest, "the record")
     for e in entries:
         if e is not newest:

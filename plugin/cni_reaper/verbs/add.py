@@ -7,13 +7,14 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.cni.shell import Invocation
+    from cni_reaper.state.record import Life
 
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup
-from cni_reaper.state.record import merge, reservation_dir
+from cni_reaper.state.record import RecordSettings, merge, reservation_dir
 from cni_reaper.state.store import Store
-from cni_reaper.verbs.recording import current_life, host_ports, settings
+from cni_reaper.verbs.recording import current_life, host_ports
 
 
 def run(inv: Invocation) -> dict[str, Any]:
@@ -35,10 +36,11 @@ def run(inv: Invocation) -> dict[str, Any]:
             if store.waited > 0.1:
                 log.info("waited for the state lock", seconds=round(store.waited, 3))
             existing = store.load(conf.name, inv.container_id, inv.ifname)
-            record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args, settings(conf))
+            record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args,
+                                   RecordSettings.of_conf(conf))
             store.save(record)
             if kept:
-                log.info("re-added: earlier life kept for clean-up", earlier=len(record["earlier"]))
+                log.info("re-added: earlier life kept for clean-up", earlier=len(record.earlier))
             # the new life is recorded (so its addresses are protected); now clear what dead ones left,
             # including the DNAT of dead allocations that would shadow this attachment's host ports
             _sweep(inv, store, current)
@@ -50,7 +52,7 @@ def run(inv: Invocation) -> dict[str, Any]:
     return result
 
 
-def _sweep(inv: Invocation, store: Store, current: dict[str, Any]) -> None:
+def _sweep(inv: Invocation, store: Store, current: Life) -> None:
     """The sweep of an ADD, and for one that maps host ports a look at who else maps them (reap/orphans.py:
     the DNAT of a dead allocation with no record is removed with the rest of what it left; the log says which
     port was freed from whom, or warns when its owner is live or not known dead). Never fails the ADD."""
@@ -67,10 +69,9 @@ def _sweep(inv: Invocation, store: Store, current: dict[str, Any]) -> None:
     from cni_reaper.reap.hostlocal import Keeping
 
     try:
-        families = {ip["family"] for ip in current["ips"]} or {4}
+        families = {ip.family for ip in current.ips} or {4}
         # host-local's word, where the ADD's own address shows it keeps the network: its dir and subnets
-        keeping = Keeping(reservation_dir(current),
-                          [f"{ip['address']}/{ip['prefix']}" for ip in current["ips"] if ip.get("reservation")])
+        keeping = Keeping(reservation_dir(current), [ip.cidr for ip in current.ips if ip.reservation is not None])
         shadows = orphans.shadowing(inv.conf, inv.container_id, ports, families,
                                     lambda: {e.key[:2] for e in store.entries().values()}, keeping, view)
     except Exception as exc:  # noqa: BLE001 - a look at other allocations never fails this one

@@ -11,9 +11,9 @@ from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
 from cni_reaper.reap import probes
 from cni_reaper.reap.sweep import sweep_quietly
-from cni_reaper.state.record import merge, same_life
+from cni_reaper.state.record import RecordSettings, merge, same_life
 from cni_reaper.state.store import Store
-from cni_reaper.verbs.recording import current_life, settings
+from cni_reaper.verbs.recording import current_life
 
 
 def run(inv: Invocation) -> None:
@@ -22,27 +22,28 @@ def run(inv: Invocation) -> None:
         raise CniError(INVALID_CONFIG, "CHECK needs prevResult",
                        "cni-reaper must be chained after an interface-creating plugin")
     current = current_life(inv)
-    if current["netnsId"] is None and probes.maybe_there(inv.netns):
+    if current.netns_id is None and probes.maybe_there(inv.netns):
         # the path cannot be looked at (EACCES, EIO, ...): nothing is known of it, so nothing is judged,
         # recorded or failed (a failed CHECK makes the runtime destroy the allocation's network)
         log.warn("CHECK cannot look at the netns path; the record is left as it is", netns=inv.netns)
         return None
-    if current["netnsId"] is None:
+    if current.netns_id is None:
         raise CniError(UNKNOWN_CONTAINER, f"{inv.netns} is not a network namespace",
                        "the container's network namespace is gone; the runtime should recreate the network")
+    settings = RecordSettings.of_conf(conf)
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
         with store.locked():
             existing = store.load(conf.name, inv.container_id, inv.ifname)
-            if existing is not None and existing["deleted"] is None and same_life(existing["current"], current):
-                if existing["settings"] is None:  # a record of cni-reaper 0.2: keep what it proved, add the rest
+            if existing is not None and existing.deleted is None and same_life(existing.current, current):
+                if existing.settings is None:  # a record of cni-reaper 0.2: keep what it proved, add the rest
                     record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
-                                      inv.args or existing["cniArgs"], settings(conf))
+                                      inv.args or existing.cni_args, settings)
                     store.save(record)
                 sweep_quietly(store, conf)
                 return None
             record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
-                              inv.args or (existing["cniArgs"] if existing else {}), settings(conf))
+                              inv.args or (existing.cni_args if existing else {}), settings)
             store.save(record)
             if existing is None:
                 log.info("CHECK adopted an attachment that had no record")

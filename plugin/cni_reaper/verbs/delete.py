@@ -8,12 +8,11 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from cni_reaper.cni.shell import Invocation
     from cni_reaper.reap.evidence import View
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
+    from cni_reaper.state.record import Record
 
 # the rest (the store, the evidence, the sweep) is imported by the DEL itself: run beside the real plugin in
 # wrap mode, its imports are too
@@ -22,7 +21,7 @@ from cni_reaper.errors import CniError
 from cni_reaper.verbs.teardown_first import can_wait, nothing_first, same_life
 
 
-def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> list[Target]:
+def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Target]:
     """What of this attachment must go now, before the downstream plugins' DEL runs.
 
     - The recorded life is this DEL's netns and it is alive: bridge, firewall and portmap tear it down,
@@ -45,40 +44,38 @@ def immediate_targets(record: dict[str, Any], inv: Invocation, view: View) -> li
             parts.add("forward")
     from cni_reaper.reap import probes
     from cni_reaper.reap.evidence import DEAD, Facts, judge_life
-    from cni_reaper.reap.sweep import Judged, RecordSettings, dead_target, earlier_target, settings_of
+    from cni_reaper.reap.sweep import Judged, dead_target, earlier_target, settings_of
     from cni_reaper.reap.targets import PARTS
+    from cni_reaper.state.record import RecordSettings
 
     s = settings_of(record, {conf.name: conf}) or RecordSettings.of_conf(conf)
-    earlier = [judge_life(Facts.of_life(life), view) for life in record["earlier"]]
+    earlier = [judge_life(Facts.of_life(life), view) for life in record.earlier]
     j = Judged(record, DEAD, "DEL", s, earlier, by_runtime=True)
     if not same:
-        lives = [record["current"], *record["earlier"]]
         return [dead_target(j, view, keep_masq_chain=probes.maybe_there(inv.netns),
-                            parts=PARTS - {"reservation"}, lives=lives)]
+                            parts=PARTS - {"reservation"}, lives=list(record.lives))]
     targets = []
     if parts:
-        targets.append(dead_target(j, view, keep_masq_chain=True, parts=parts, lives=[record["current"]]))
-    if record["earlier"]:
+        targets.append(dead_target(j, view, keep_masq_chain=True, parts=parts, lives=[record.current]))
+    if record.earlier:
         t = earlier_target(j, view)
         if t is not None:
             targets.append(t)
     return targets
 
 
-def _finished(record: dict[str, Any], outcome: Outcome | None, extra: list[Target]) -> bool:
+def _finished(record: Record, outcome: Outcome | None, extra: list[Target]) -> bool:
     """Whether this DEL's own clean-up removed everything it was to remove: then its tombstone needs no second
     look, which could only find a new life of the same container by then (same chains, perhaps the same
     address). Not when something failed, could not be looked at, was left on purpose, or only observed; not
     when its masquerade chain was kept for the plugins' DEL while another namespace is at its path (bridge
     finds none of its addresses there and leaves the chain: the sweep after the DEL takes it); not while
     something not ours holds a leftover of it (held: its mark stays, and so does the look)."""
-    from cni_reaper.state.record import key
-
-    if outcome is None or "retryAt" in (record.get("left") or {}):
+    if outcome is None or (record.left is not None and record.left.retry_at is not None):
         return False
     if any(t.keep_masq_chain and "masq" in t.parts for t in extra):
         return False
-    k = key(record)
+    k = record.key
     return (k not in outcome.kept and k not in outcome.would and k not in outcome.held and not outcome.errors
             and not outcome.left_of(k))
 
@@ -98,7 +95,7 @@ def _run(inv: Invocation, beside: bool = False) -> None:
     """The DEL; `beside`: run while the downstream plugins' DEL runs (can_wait said nothing must go first)."""
     from cni_reaper.reap import cache, probes
     from cni_reaper.reap.evidence import View
-    from cni_reaper.state.record import key, tombstone
+    from cni_reaper.state.record import tombstone
     from cni_reaper.state.store import Store
 
     conf = inv.conf
@@ -120,19 +117,18 @@ def _run(inv: Invocation, beside: bool = False) -> None:
                     log.info("something of this attachment is to go that the plugins' DEL may still be removing; "
                              "left for the next sweep")
                     extra = []
-                if record["deleted"] is None:
-                    s = record["settings"] or {"cniCacheDir": conf.cniCacheDir}
-                    record["deleted"] = tombstone(not probes.maybe_there(inv.netns), conf.prevResult is not None,
-                                                  bool(conf.portMappings), verify=verify,
-                                                  cached=cache.exists(s["cniCacheDir"], *key(record)))
+                if record.deleted is None:
+                    cache_dir = record.settings.cache_dir if record.settings else conf.cniCacheDir
+                    record = record.replace(deleted=tombstone(
+                        not probes.maybe_there(inv.netns), conf.prevResult is not None, bool(conf.portMappings),
+                        verify=verify, cached=cache.exists(cache_dir, *record.key)))
                 store.save(record)
-            exclude = frozenset({key(record)}) if record is not None else frozenset()
+            exclude = frozenset({record.key}) if record is not None else frozenset()
             from cni_reaper.reap.sweep import sweep_quietly
 
             outcome = sweep_quietly(store, conf, exclude=exclude, extra=extra, view=view)
-            if record is not None and extra and _finished(record, outcome, extra):
-                record["deleted"] = dict(record["deleted"], verify=False)
-                store.save(record)
+            if record is not None and record.deleted is not None and extra and _finished(record, outcome, extra):
+                store.save(record.replace(deleted=record.deleted.replace(verify=False)))
     except CniError as err:
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.
         log.warn("DEL could not use the state directory; continuing", error=err.msg, details=err.details)

@@ -17,7 +17,6 @@ from cni_reaper.gojson import lookup, pick
 from cni_reaper.reap import orphans
 from cni_reaper.reap.evidence import DEAD, HOLDING, View
 from cni_reaper.reap.sweep import Verdict, network_modes, select, sweep, sweep_modes
-from cni_reaper.state.record import key
 from cni_reaper.state.store import Store
 
 VALID_KEY = "cni.dev/valid-attachments"
@@ -66,14 +65,14 @@ def run(inv: Invocation) -> None:
     try:
         with store.locked():
             records = list(store.records())
-            mine = [r for r in records if r["network"] == conf.name]
-            verdicts = {key(r): Verdict(DEAD, "not among the runtime's valid attachments (GC)") for r in mine
-                        if not holds(valid, r["containerID"], r["ifname"])}
+            mine = [r for r in records if r.network == conf.name]
+            verdicts = {r.key: Verdict(DEAD, "not among the runtime's valid attachments (GC)") for r in mine
+                        if not holds(valid, r.container_id, r.ifname)}
             # GC looks at once at what something not ours held (as an operator's sweep does)
             sel = select(records, View(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)
             live = {(k[1], k[2]) for k in sel.holders if k[0] == conf.name}
             live |= {j.key[1:] for j in sel.judged if j.key[0] == conf.name and j.state in HOLDING}
-            recorded = {(r["network"], r["containerID"]) for r in mine}
+            recorded = {(r.network, r.container_id) for r in mine}
             sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
             sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))
             sweep(store, conf, sel, modes=sweep_modes(network_modes(store, conf), conf, sel))

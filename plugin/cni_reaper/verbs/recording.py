@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
     from cni_reaper.cni.shell import Invocation
     from cni_reaper.reap.holders import HostPort
+    from cni_reaper.state.record import Life
 
 from cni_reaper import log
 from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
@@ -23,15 +24,16 @@ def reservation_dirs(conf: Any) -> list[str]:
     return list(dict.fromkeys([conf.ipamDataDir, *DEFAULT_IPAM_DIRS]))
 
 
-def current_life(inv: Invocation) -> dict[str, Any]:
+def current_life(inv: Invocation) -> Life:
     conf = inv.conf
-    ips = recorded_ips(conf.prevResult, inv.version)
     dirs = reservation_dirs(conf)
-    for ip in ips:
-        ip["reservation"] = probes.find_reservation(dirs, conf.name, ip["address"], inv.container_id, inv.ifname)
+    ips = [record.RecordedIP(a.address, a.prefix, a.family,
+                             probes.find_reservation(dirs, conf.name, a.address, inv.container_id, inv.ifname))
+           for a in recorded_ips(conf.prevResult, inv.version)]
     observed = probes.observe_life(inv.netns, host_veths(conf.prevResult))
+    ports = [record.RecordedPortMapping(p.hostPort, p.containerPort, p.protocol, p.hostIP) for p in conf.portMappings]
     warnings: list[str] = []
-    life = record.life(inv.netns, observed, ips, [p.as_dict() for p in conf.portMappings], warnings)
+    life = record.life(observed, ips, ports, warnings)
     for w in warnings:
         log.warn("recorded in part", problem=w)
     return life
@@ -43,6 +45,3 @@ def host_ports(conf: Any) -> set[HostPort]:
 
     return {HostPort(p.protocol, p.hostPort, p.hostIP) for p in conf.portMappings}
 
-
-def settings(conf: Any) -> dict[str, str]:
-    return record.settings(conf.ipamDataDir, conf.cniCacheDir, conf.backend)

@@ -6,38 +6,35 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from cni_reaper.cni.shell import Invocation
+    from cni_reaper.state.record import Record
 
 from cni_reaper import jsonio
 from cni_reaper.errors import CniError
 from cni_reaper.reap import probes
 from cni_reaper.state.names import MAX_RECORD_BYTES, record_name
+from cni_reaper.state.record import of_document, problem
 from cni_reaper.state.safedir import SafeDir
 
 
-def same_life(record: dict[str, Any], inv: Invocation) -> bool:
+def same_life(record: Record, inv: Invocation) -> bool:
     """This DEL's netns is the recorded path and holds the very namespace recorded (a path that cannot be
     looked at: not known to, so no)."""
-    cur = record["current"]
+    cur = record.current
     try:
-        now, rec = probes.netns_id(inv.netns), cur["netnsId"]
+        now = probes.netns_id(inv.netns)
     except probes.Unseen:
         return False
-    if now is None or inv.netns != cur["netns"]:
+    if now is None or inv.netns != cur.netns:
         return False
-    if rec is None:
-        return True
-    return (now["dev"], now["ino"]) == (rec["dev"], rec["ino"]) and (
-        rec.get("ctime") is None or now["ctime"] is None or now["ctime"] == rec["ctime"])
+    return cur.netns_id is None or now.same(cur.netns_id)
 
 
-def nothing_first(record: dict[str, Any], inv: Invocation) -> bool:
+def nothing_first(record: Record, inv: Invocation) -> bool:
     """The common case: the recorded life is this DEL's live netns, the DEL carries the port mappings and
     prevResult, and there is no earlier life: the downstream plugins' DEL removes everything of it."""
     conf = inv.conf
-    return bool(conf.portMappings) and conf.prevResult is not None and not record["earlier"] and same_life(record, inv)
+    return bool(conf.portMappings) and conf.prevResult is not None and not record.earlier and same_life(record, inv)
 
 
 def can_wait(inv: Invocation) -> bool:
@@ -51,8 +48,8 @@ def can_wait(inv: Invocation) -> bool:
         data, why = sd.read(record_name(conf.name, inv.container_id, inv.ifname), MAX_RECORD_BYTES)
         if data is None:
             return why is None  # no record: nothing of it to remove
-        record = jsonio.loads(data)
-        return type(record) is dict and nothing_first(record, inv)
+        doc = jsonio.loads(data)
+        return problem(doc) is None and nothing_first(of_document(doc), inv)
     except (CniError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, UnicodeDecodeError):
         return False
     finally:

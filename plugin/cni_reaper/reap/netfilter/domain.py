@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from cni_reaper.reap.netfilter.interface import Backend
     from cni_reaper.reap.targets import Target
-else:  # plain classes when run: `typing` is not imported by a clean-up (reap/values.py)
+else:  # plain classes when run: `typing` is not imported by a clean-up (cni_reaper/values.py)
     Protocol = object
 
 from cni_reaper.reap.netfilter.interface import BackendError

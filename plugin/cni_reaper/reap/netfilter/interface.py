@@ -7,7 +7,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from cni_reaper.reap.netfilter.iptables.rules import Op, Table
-else:  # a plain class when run: `typing` is not imported by a clean-up (reap/values.py)
+else:  # a plain class when run: `typing` is not imported by a clean-up (cni_reaper/values.py)
     Protocol = object
 
 

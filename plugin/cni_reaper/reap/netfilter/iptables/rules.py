@@ -7,7 +7,7 @@ positions in the text. A rule keeps its exact saved text, from which a deletion 
 
 from __future__ import annotations
 
-from cni_reaper.reap.values import Value
+from cni_reaper.values import Value
 
 
 class Rule(Value):

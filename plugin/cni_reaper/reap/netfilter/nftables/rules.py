@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from cni_reaper import jsonio
 from cni_reaper.reap.netfilter.chains import sha512
-from cni_reaper.reap.values import Value
+from cni_reaper.values import Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
