@@ -141,12 +141,7 @@ class Part(Value):
         for slot, k, kind in cls._fields:
             v = d.get(k)
             if v is not None:
-                if kind is not None:
-                    v = kind.of(v)
-                elif type(v) is list:
-                    v = tuple(v)
-                elif type(v) is dict:
-                    v = dict(v)
+                v = kind.of(v) if kind is not None else _copied(v, tuple)
             object.__setattr__(new, slot, v)
         return new
 
@@ -154,21 +149,23 @@ class Part(Value):
         out: dict[str, Any] = {}
         for slot, k, kind in self._fields:
             v = getattr(self, slot)
-            if v is None:
-                if k in self._optional:
-                    continue
-            elif kind is not None:
-                v = kind.doc_of(v)
-            elif type(v) is tuple:
-                v = list(v)
-            elif type(v) is dict:
-                v = dict(v)
+            if v is not None:
+                v = kind.doc_of(v) if kind is not None else _copied(v, list)
+            elif k in self._optional:
+                continue
             out[k] = v
         return out
 
     @staticmethod
     def doc_of(v: Part) -> dict[str, Any]:
         return v.doc()
+
+
+def _copied(v: Any, sequence: Any) -> Any:
+    """A plain value of a part, its lists made `sequence`s (tuples in a part, lists in a document) and its
+    mappings copied: a part shares nothing with the document it was read from or written to."""
+    t = type(v)
+    return sequence(v) if t is list or t is tuple else dict(v) if t is dict else v
 
 
 class Many:
