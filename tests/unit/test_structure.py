@@ -184,3 +184,25 @@ def test_no_function_is_over_50_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
                 long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not long, long
+
+
+# One judgement of who holds what (issue 32, item 2): a record's state comes from reap/sweep.judge, and what it
+# holds from the sweep's selection (sweep.holdings for undo); no other module asks evidence.py's record-level
+# judgement or tests a state against HOLDING itself. (A life's own evidence, judge_life, is asked where a single
+# life is the question: the DEL's earlier lives, the scheduler's word about one namespace.)
+ONE_JUDGEMENT = ("judge_record", "HOLDING", "judge_entry", "judge_tombstone", "judge_left")
+JUDGES = {"cni_reaper.reap.evidence", "cni_reaper.reap.sweep"}
+
+
+def _names_used(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    return names
+
+
+def test_who_holds_what_is_judged_in_one_place():
+    users = {m: sorted(_names_used(p) & set(ONE_JUDGEMENT)) for m, p in MODULES.items() if m not in JUDGES}
+    assert {m: u for m, u in users.items() if u} == {}
+    assert "HOLDING" in _names_used(MODULES["cni_reaper.reap.sweep"])  # the check reads what it is to catch

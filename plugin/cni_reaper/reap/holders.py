@@ -9,7 +9,7 @@ A put-back is refused when one address it names is held by another attachment, o
 the live one, one without shadows it where the live one has none) that another container maps now. An ADD
 asks the same (`mapped_now`, PortMap.others) of the host ports it was just given: who else maps them. The
 sweep's own question, what of a dead attachment's leftovers someone else holds under host-local's locks, is
-claims.py's; both read a record's holdings through `sweep.judge_record` and HOLDING.
+claims.py's; both take a record's holdings from the sweep's one judgement (`sweep.judge`, `sweep.holdings`).
 """
 
 from __future__ import annotations
@@ -145,18 +145,16 @@ class Holders:
     """Who holds addresses now: records that are not dead (every life of them), and host-local's reservations
     naming another container than `cid`, in the data directories given and those records name."""
 
-    def __init__(self, store: Store, cid: str, data_dirs: list[str]) -> None:
-        from cni_reaper.reap.evidence import HOLDING, View
+    def __init__(self, store: Store, cid: str, data_dirs: list[str], cache_dir: str = "/var/lib/cni") -> None:
+        from cni_reaper.reap.evidence import View
         from cni_reaper.reap.hostlocal import NetworkDir, networks_in
-        from cni_reaper.reap.sweep import judge_record
+        from cni_reaper.reap.sweep import holdings
+
         self.by_ip: dict[str, str] = {}
-        view = View()
-        for r in store.records():
-            cache_dir = r.settings.cache_dir if r.settings else "/var/lib/cni"
-            if r.container_id != cid and judge_record(r, view, cache_dir)[0] in HOLDING:
-                for life in r.lives:
-                    for ip in life.addresses:
-                        self.by_ip[ip] = f"the attachment {r.container_id} ({r.network})"
+        for k, addresses in holdings(store.records(), View(), cache_dir).items():
+            if k[1] != cid:
+                for ip in addresses:
+                    self.by_ip[ip] = f"the attachment {k[1]} ({k[0]})"
         for d in dict.fromkeys(data_dirs):
             for n in networks_in(d):
                 nd = NetworkDir(d, n)

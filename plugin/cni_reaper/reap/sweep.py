@@ -137,25 +137,43 @@ class Selection:
         self.holders.setdefault(k, set()).update(addresses)
 
 
+def judge(r: Record, view: View, s: RecordSettings | None, cache_dir: str, verdict: Verdict | None = None) -> Judged:
+    """The one judgement of a whole record, which every sweep, GC, DEL's own, undo's holders and `list` make:
+    its state and why (the runtime's or the scheduler's `verdict` when given), made UNKNOWN when its rules are
+    out of this process's reach, and each earlier life's. `s`: its settings (None: cni-reaper 0.2's, whose
+    libcni cache is looked for in `cache_dir`)."""
+    state, why = (verdict.state, verdict.why) if verdict is not None else \
+        judge_record(r, view, s.cache_dir if s is not None else cache_dir)
+    far = out_of_reach(Facts.of_life(r.current), view)
+    if far and state in SWEEPABLE:
+        state, why = UNKNOWN, far
+    earlier = [judge_life(Facts.of_life(life), view) for life in r.earlier]
+    if state == UNKNOWN:
+        view.note(why)
+    by_word = verdict if verdict is not None and state == DEAD else None
+    return Judged(r, state, why, s, earlier, by_runtime=by_word is not None, parts=by_word.parts if by_word else None)
+
+
+def holdings(records: Iterable[Record], view: View, cache_dir: str) -> dict[Key, set[str]]:
+    """Who holds which addresses, as every sweep judges it (record key -> the addresses of its lives that are
+    not dead, _note_holdings): what undo may not put back (reap/holders.Holders)."""
+    sel = Selection(view)
+    for r in records:
+        j = judge(r, view, r.settings, cache_dir)
+        _note_holdings(sel, r, j.state, j.earlier, False)
+    return sel.holders
+
+
 def _judge(sel: Selection, r: Record, confs: dict[str, Any], default: Any, exclude: frozenset,
            verdict: Verdict | None) -> Judged:
     """Judge one record, and note what it holds: the addresses of each of its lives that is not dead (all of
     them while the record is unknown or its DEL is running; the current ones of the DEL's own record)."""
-    k = r.key
     s = settings_of(r, confs)
-    state, why = (verdict.state, verdict.why) if verdict is not None else \
-        judge_record(r, sel.view, (s or RecordSettings.of_conf(default)).cache_dir)
-    far = out_of_reach(Facts.of_life(r.current), sel.view)
-    if far and state in SWEEPABLE:
-        state, why = UNKNOWN, far
-    earlier = [judge_life(Facts.of_life(life), sel.view) for life in r.earlier]
-    _note_holdings(sel, r, state, earlier, k in exclude)
-    if state == UNKNOWN:
-        sel.view.note(why)
+    j = judge(r, sel.view, s, default.cniCacheDir, verdict)
+    _note_holdings(sel, r, j.state, j.earlier, r.key in exclude)
     if s is not None:
         sel.data_dirs.append(s.ipam_dir)
-    by_word = verdict if verdict is not None and state == DEAD else None
-    return Judged(r, state, why, s, earlier, by_runtime=by_word is not None, parts=by_word.parts if by_word else None)
+    return j
 
 
 def _note_holdings(sel: Selection, r: Record, state: str, earlier: list[tuple[str, str]], excluded: bool) -> None:

@@ -228,14 +228,13 @@ def _records(state_dir: str) -> list[Record]:
 
 def _states(records: list[Record], group: list[Context], view) -> dict[tuple[str, str, str], tuple[str, str]]:
     """Each record's state and why, judged as the sweep judges it (with its own settings)."""
-    from cni_reaper.reap.sweep import judge_record, settings_of
-    from cni_reaper.state.record import RecordSettings
+    from cni_reaper.reap.sweep import judge, settings_of
 
     confs = {c.network: c.conf for c in group if c.network}
     out = {}
     for r in records:
-        s = settings_of(r, confs) or RecordSettings.of_conf(group[0].conf)
-        out[r.key] = judge_record(r, view, s.cache_dir)
+        j = judge(r, view, settings_of(r, confs), group[0].conf.cniCacheDir)
+        out[r.key] = (j.state, j.why)
     return out
 
 

@@ -15,7 +15,7 @@ from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup, pick
 from cni_reaper.reap import orphans
-from cni_reaper.reap.evidence import DEAD, HOLDING, View
+from cni_reaper.reap.evidence import DEAD, View
 from cni_reaper.reap.sweep import Verdict, network_modes, select, sweep, sweep_modes
 from cni_reaper.state.store import Store
 
@@ -70,8 +70,7 @@ def run(inv: Invocation) -> None:
                         if not holds(valid, r.container_id, r.ifname)}
             # GC looks at once at what something not ours held (as an operator's sweep does)
             sel = select(records, View(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)
-            live = {(k[1], k[2]) for k in sel.holders if k[0] == conf.name}
-            live |= {j.key[1:] for j in sel.judged if j.key[0] == conf.name and j.state in HOLDING}
+            live = {(k[1], k[2]) for k in sel.holders if k[0] == conf.name}  # every record not dead holds
             recorded = {(r.network, r.container_id) for r in mine}
             sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
             sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))
