@@ -36,15 +36,15 @@ def test_a_dead_path_is_never_live_by_digest(tmp_path):
     gone = str(tmp_path / "gone")
     st_ = os.lstat(tmp_path)
     for ints in ([st_.st_dev, st_.st_ino, st_.st_ctime_ns], [0, 0, 0], [-1, -1, -1]):
-        assert probes.holding_group(["r-a.json"], split_paths([gone]), ",".join(map(str, ints)), digest(ints)) == []
+        assert probes.holding_group(["r-a.json"], *split_paths([gone]), ",".join(map(str, ints)), digest(ints)) == []
 
 
 def test_damaged_digest_falls_back_to_the_triples(tmp_path):
     st_ = os.lstat(tmp_path)
     ints = [st_.st_dev, st_.st_ino, st_.st_ctime_ns]
     text = ",".join(map(str, ints))
-    assert probes.holding_group(["r-a.json"], split_paths([str(tmp_path)]), text, digest(ints) ^ 1) == ["r-a.json"]
-    assert probes.holding_group(["r-a.json"], split_paths([str(tmp_path)]), text + "1", digest(ints) ^ 1) == []
+    assert probes.holding_group(["r-a.json"], *split_paths([str(tmp_path)]), text, digest(ints) ^ 1) == ["r-a.json"]
+    assert probes.holding_group(["r-a.json"], *split_paths([str(tmp_path)]), text + "1", digest(ints) ^ 1) == []
 
 
 def test_constructed_digest_collision_is_crafted_only(tmp_path):
@@ -56,5 +56,5 @@ def test_constructed_digest_collision_is_crafted_only(tmp_path):
     real = [st_.st_dev, st_.st_ino, st_.st_ctime_ns]
     forged = [real[0], real[1], real[2] + (2**61 - 1)]
     assert forged != real and digest(forged) == digest(real)
-    assert probes.holding_group(["r-a.json"], split_paths([str(tmp_path)]), ",".join(map(str, forged)), digest(forged)) == ["r-a.json"]
+    assert probes.holding_group(["r-a.json"], *split_paths([str(tmp_path)]), ",".join(map(str, forged)), digest(forged)) == ["r-a.json"]
     assert hash(-1) == hash(-2)

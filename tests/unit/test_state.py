@@ -555,7 +555,7 @@ def test_the_quick_judgement_of_the_index_says_what_the_full_one_says(tmp_path):
             store.index.write_whole()
             again = Index(store.dir)
             assert again.load({n: e.ino for n, e in entries.items()})
-            assert again.quick_view()[0] and not again.quick_view()[1]
+            assert again.quick_view().groups and not again.quick_view().saved
             store.index = again
             assert judge_indexed(store, view, str(tmp_path / "cache"), every=True)[1] == full
             assert live_at_path(store.quick(), view) == {"r-live.json"}

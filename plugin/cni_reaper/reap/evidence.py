@@ -200,16 +200,15 @@ def live_at_path(quick: QuickView, view: View) -> set[str]:
     h = view.host
     if h.boot is None or h.nsfs is None:
         return set()
-    flat, groups, changed = quick
     live: set[str] = set()
-    for host, names, runs, ints, digest in flat:
-        if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
-            live.update(probes.holding_group(names, runs, ints, digest))
-    if changed:
-        live -= changed  # what they hold now is in `groups`, or they are judged in full
-    for host, group in groups.items():
-        if host[0] == h.boot and (not host[1] or not h.machine or host[1] == h.machine):
-            live.update(probes.holding(group))
+    for g in quick.groups:
+        if g.boot == h.boot and (not g.machine or not h.machine or g.machine == h.machine):
+            live.update(probes.holding_group(g.names, g.dirs, g.bases, g.ints, g.digest))
+    if quick.void:
+        live -= quick.void  # what they hold now is in `saved`, or they are judged in full
+    for s in quick.saved:
+        if s.boot == h.boot and (not s.machine or not h.machine or s.machine == h.machine):
+            live.update(probes.holding_flat(s.names, s.paths, s.ints))
     return live
 
 

@@ -192,19 +192,11 @@ def netns_id(path: str | None) -> NetnsId | None:
     return NetnsId(st.st_dev, st.st_ino, st.st_ctime_ns if pinned else None)
 
 
-def holding(group: dict[str, tuple[str, tuple[int, int, int]]]) -> list[str]:
-    """Of `group` (name -> (netns path, (dev, ino, ctime) of a namespace pinned there)), the names whose path
-    holds that very namespace now, seen with one lstat each (a path that is a symlink, or holds something
-    else, is not listed: netns_id says what is there). The identity is an nsfs one: no symlink has it. A
-    batch: a sweep looks at every live attachment of the node on every call."""
-    return holding_flat(list(group), [path for path, _ in group.values()],
-                        [x for _, ident in group.values() for x in ident])
-
-
-def holding_group(names: list[str], runs: tuple[list[tuple[str, int]], list[str]], ints: str, digest: int) -> list[str]:
-    """`holding` on a group of the index's first part: the names, their netns paths as runs of one directory
-    and the names in it (index.split_paths), and the (dev, ino, ctime) triples recorded (decimals joined by
-    commas) with their digest (index.digest). Each path is looked at with one `stat` relative to its
+def holding_group(names: list[str], dirs: list[tuple[str, int]], bases: list[str], ints: str, digest: int) -> list[str]:
+    """Of a group of the index's first part (index.QuickGroup), the names whose path holds the very namespace
+    recorded now: the names, their netns paths as runs of one directory (`dirs`: (directory, how many)) and
+    the names in it (`bases`; index.split_paths), and the (dev, ino, ctime) triples recorded (decimals joined
+    by commas) with their digest (index.digest). Each path is looked at with one `stat` relative to its
     directory, opened once (O_PATH: the path's own walk, symlinks on the way followed as lstat follows
     them; the last component never followed): a busy client's thousand paths are not walked from the root a
     thousand times. What is seen is compared by its digest first (a group all alive, a thousand stats and
@@ -212,7 +204,6 @@ def holding_group(names: list[str], runs: tuple[list[tuple[str, int]], list[str]
     stat = os.stat
     seen: list[Any] = []
     add = seen.extend
-    dirs, bases = runs
     at = 0
     for where, count in dirs:
         try:
@@ -248,8 +239,10 @@ _UNSEEN = (None, None, None)
 
 
 def holding_flat(names: list[str], paths: list[str], ints: list[int]) -> list[str]:
-    """`holding` on flat lists as the index holds them: the names, their netns paths, and (dev, ino, ctime)
-    of each one's namespace one after another."""
+    """Of the names, their netns paths and (dev, ino, ctime) of each one's namespace one after another
+    (index.QuickSaved), the names whose path holds that very namespace now, seen with one lstat each (a path
+    that is a symlink, or holds something else, is not listed: netns_id says what is there). The identity is
+    an nsfs one: no symlink has it. A batch: a sweep looks at every live attachment of the node on every call."""
     lstat = os.lstat
     out = []
     for name, path, dev, ino, ctime in zip(names, paths, ints[0::3], ints[1::3], ints[2::3]):

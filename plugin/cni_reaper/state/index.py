@@ -35,10 +35,6 @@ if TYPE_CHECKING:
     # the netns paths of a quick group: runs of (directory, how many of the group's paths are in it), and the
     # names in those directories, in the group's order
     Runs = tuple[list[tuple[str, int]], list[str]]
-    # what the quick judgement reads (Index.quick_view): the flat lists as read, by host (host, names, netns
-    # paths as runs, dev/ino/ctime triples as decimals joined by commas, their digest); the entries saved
-    # since, by host ({name: (netns path, (dev, ino, ctime))}); the names whose flat lists are void
-    QuickView = tuple[list[tuple[tuple, list[str], Runs, str, int]], dict[tuple, dict[str, tuple]], set[str]]
 
 from cni_reaper import jsonio, log
 from cni_reaper.state.names import all_record_names, is_record_name, others_in
@@ -452,6 +448,41 @@ def _journal_changes(lines: list[bytes]) -> list[tuple[str, Entry | None]] | Non
         return None
     return out
 
+class QuickGroup:
+    """One host's entries that the quick judgement can judge, as `.index` holds them: their record file names,
+    their netns paths as runs of one directory (`dirs`: (directory, how many)) and the names in it (`bases`),
+    their namespaces' (dev, ino, ctime) as decimals joined by commas (`ints`) and the digest of them all."""
+
+    __slots__ = ("bases", "boot", "digest", "dirs", "ints", "machine", "names")
+
+    def __init__(self, host: tuple, names: list[str], runs: Runs, ints: str, digest: int) -> None:
+        self.boot, self.machine, self.names = host[0], host[1], names
+        self.dirs, self.bases = runs
+        self.ints, self.digest = ints, digest
+
+
+class QuickSaved:
+    """One host's entries that the quick judgement can judge, saved since the index was read: their record
+    file names, netns paths, and their namespaces' (dev, ino, ctime) one after another (`ints`)."""
+
+    __slots__ = ("boot", "ints", "machine", "names", "paths")
+
+    def __init__(self, host: tuple, group: dict[str, tuple]) -> None:
+        self.boot, self.machine, self.names = host[0], host[1], list(group)
+        self.paths = [path for path, _ in group.values()]
+        self.ints = [x for _, ident in group.values() for x in ident]
+
+
+class QuickView:
+    """What the quick judgement reads (evidence.live_at_path): the groups as read, those saved since, and the
+    names whose groups as read are void (saved or removed since)."""
+
+    __slots__ = ("groups", "saved", "void")
+
+    def __init__(self, groups: list[QuickGroup], saved: list[QuickSaved], void: set[str]) -> None:
+        self.groups, self.saved, self.void = groups, saved, void
+
+
 class Index:
     """The index of one state directory, valid while its lock is held. `inos` names every record file;
     `quick_view()` is what the quick judgement reads (evidence.live_at_path); `entries` makes every entry."""
@@ -493,11 +524,10 @@ class Index:
         return {n: e for n, e in made.items() if n not in names}
 
     def quick_view(self) -> QuickView:
-        """(the flat lists as read, by host: (host, names, netns paths as runs, dev/ino/ctime triples as
-        written, their digest); the entries saved since, by host: {name: (netns path, (dev, ino, ctime))}; the
-        names whose flat lists are void)."""
+        """What the quick judgement reads (QuickView)."""
         names = self._names
-        return [(h, names[a:b], p, i, d) for h, a, b, p, i, d in self._flat], self.quick, self._changed
+        return QuickView([QuickGroup(h, names[a:b], p, i, d) for h, a, b, p, i, d in self._flat],
+                         [QuickSaved(h, group) for h, group in self.quick.items() if group], self._changed)
 
     def _make(self, names: list[str]) -> None:
         for n in names:
