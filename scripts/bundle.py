@@ -22,7 +22,9 @@ tests, benchmarks and releases alike (run by scripts/build.sh [--arch amd64|arm6
 Everything inside the root runs in a private mount namespace (`unshare --mount`), so the /proc and /dev
 mounts it needs vanish with it. The machine's own apt configuration is never used or changed: debootstrap
 takes the mirror on its command line. Foreign (arm64) programs run under qemu-user through PRoot, per
-process: no binfmt handler is registered with the kernel, none is needed.
+process: no binfmt handler is registered with the kernel, none is needed; in their namespace every mount of
+the machine but the root, /tmp, /run and the kernel's is read-only (`confined`), so that programs outliving a
+killed PRoot, untranslated, cannot write the machine's files.
 """
 
 from __future__ import annotations
@@ -122,15 +124,37 @@ def _no_statx() -> None:
         raise OSError(ctypes.get_errno(), "seccomp filter")
 
 
+# what a confined command may still write to beside its root: what the kernel keeps, and the scratch
+# directories (PRoot makes its own files in /tmp, whatever PROOT_TMP_DIR says in Debian 12's 5.3.0)
+WRITABLE = ("/proc", "/sys", "/dev", "/tmp", "/run")
+
+
+def confined(root: Path | str) -> str:
+    """sh that, run first in a private mount namespace, leaves writable only `root` (and WRITABLE): every other
+    mount of the machine is made read-only there, there only. PRoot translates the paths of the programs it
+    runs; should it die before them (a SIGKILL, a timeout), the programs it traced go on untranslated, and
+    what they write lands on the machine's own files: a second stage killed half-way once unpacked arm64's
+    tar over the build machine's. Fails (exit 1) when / cannot be made read-only."""
+    keep = f'"{root}"|"{root}"/*|' + "|".join(f"{m}|{m}/*" for m in WRITABLE)
+    return (f'mount --rbind "{root}" "{root}" && '
+            f'for d in {" ".join(WRITABLE)}; do [ ! -d "$d" ] || mountpoint -q "$d" || mount --rbind "$d" "$d" || exit 1; '
+            "done && "
+            "for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do "
+            f'case "$m" in {keep}) ;; *) mount -o remount,bind,ro "$m" 2>/dev/null || [ "$m" != / ] || exit 1 ;; '
+            "esac; done && ")
+
+
 def foreign(root: Path, arch: str, argv: list[str]) -> list[str]:
     """argv (a command line inside `root`) run in a private mount namespace under PRoot, which runs each
     program, and each program those start, with qemu-user (`proot -q`): emulation per process, nothing
-    registered with the kernel. Run it with preexec_fn=_no_statx."""
+    registered with the kernel; in that namespace nothing but `root` can be written (`confined`). Run it
+    with preexec_fn=_no_statx."""
     need_tool("proot", "proot")
     need_tool(QEMU[arch], "qemu-user-static")
     inner = " ".join(f"'{a}'" for a in ["proot", "-q", QEMU[arch], "-r", str(root), "-b", "/proc", "-b", "/dev",
                                         "-b", "/sys", "-w", "/"])
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'exec {inner} "$@"', "sh", *argv]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f'{confined(root)}exec {inner} "$@"', "sh", *argv]
 
 
 def run_foreign(root: Path, arch: str, argv: list[str], **kw) -> subprocess.CompletedProcess:

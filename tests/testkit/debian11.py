@@ -59,7 +59,10 @@ def in_overlay(lower: Path, work: Path, script: str, host_netns: str | None = No
     script = f'in_root() {{ {enter} "$@"; }}; {script}'
     outer = (f'mount -t overlay overlay -o lowerdir={lower},upperdir={work}/upper,workdir={work}/work {work}/merged'
              f' && export ROOT={work}/merged && mount -t proc proc "$ROOT/proc" && mount --rbind /dev "$ROOT/dev"'
-             f' && mkdir -p /run/netns "$ROOT/run/netns" && mount --rbind /run/netns "$ROOT/run/netns" && exec sh -ec "$0"')
+             f' && mkdir -p /run/netns "$ROOT/run/netns" && mount --rbind /run/netns "$ROOT/run/netns" && '
+             # PRoot's programs outlive a PRoot killed by the timeout, untranslated: nothing but the root for them
+             f'{"" if arch == "amd64" else bundle.confined(f"{work}/merged")}'
+             'exec sh -ec "$0"')
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", outer, script]
     if host_netns:
         argv = ["ip", "netns", "exec", host_netns, *argv]
