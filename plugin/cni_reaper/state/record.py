@@ -234,8 +234,8 @@ class ReservationId(Part):
     """Where host-local reserved an address for a life, and the identity of that file (times in ns)."""
 
     __slots__ = ("ctime", "data_dir", "dev", "ino", "mtime")
-    _fields = (("data_dir", "dataDir", None), ("dev", "dev", None), ("ino", "ino", None), ("mtime", "mtime", None),
-               ("ctime", "ctime", None))
+    _fields = (("dev", "dev", None), ("ino", "ino", None), ("mtime", "mtime", None), ("ctime", "ctime", None),
+               ("data_dir", "dataDir", None))
 
     def __init__(self, data_dir: str, dev: int, ino: int, mtime: int, ctime: int) -> None:
         self.data_dir, self.dev, self.ino, self.mtime, self.ctime = data_dir, dev, ino, mtime, ctime
