@@ -145,16 +145,17 @@ class Holders:
     """Who holds addresses now: records that are not dead (every life of them), and host-local's reservations
     naming another container than `cid`, in the data directories given and those records name."""
 
-    def __init__(self, store: Store, cid: str, data_dirs: list[str], cache_dir: str = "/var/lib/cni") -> None:
+    def __init__(self, store: Store, cid: str, data_dirs: list[str], confs: dict[str, Any] | None = None,
+                 cache_dir: str = "/var/lib/cni") -> None:
         from cni_reaper.reap.evidence import View
         from cni_reaper.reap.hostlocal import NetworkDir, networks_in
         from cni_reaper.reap.sweep import holdings
 
         self.by_ip: dict[str, str] = {}
-        for k, addresses in holdings(store.records(), View(), cache_dir).items():
+        for k, addresses in holdings(store.records(), View(), confs or {}, cache_dir).items():
             if k[1] != cid:
-                for ip in addresses:
-                    self.by_ip[ip] = f"the attachment {k[1]} ({k[0]})"
+                for ip in addresses:  # as rules and journal items name them (a record written by hand may not)
+                    self.by_ip[address(ip) or ip] = f"the attachment {k[1]} ({k[0]})"
         for d in dict.fromkeys(data_dirs):
             for n in networks_in(d):
                 nd = NetworkDir(d, n)

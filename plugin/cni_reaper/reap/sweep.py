@@ -154,12 +154,13 @@ def judge(r: Record, view: View, s: RecordSettings | None, cache_dir: str, verdi
     return Judged(r, state, why, s, earlier, by_runtime=by_word is not None, parts=by_word.parts if by_word else None)
 
 
-def holdings(records: Iterable[Record], view: View, cache_dir: str) -> dict[Key, set[str]]:
+def holdings(records: Iterable[Record], view: View, confs: dict[str, Any], cache_dir: str) -> dict[Key, set[str]]:
     """Who holds which addresses, as every sweep judges it (record key -> the addresses of its lives that are
-    not dead, _note_holdings): what undo may not put back (reap/holders.Holders)."""
+    not dead, _note_holdings): what undo may not put back (reap/holders.Holders). `confs` and `cache_dir`: as
+    select's and list's (a record of cni-reaper 0.2 is judged with its network's settings)."""
     sel = Selection(view)
     for r in records:
-        j = judge(r, view, r.settings, cache_dir)
+        j = judge(r, view, settings_of(r, confs), cache_dir)
         _note_holdings(sel, r, j.state, j.earlier, False)
     return sel.holders
 

@@ -133,7 +133,9 @@ class Part(Value):
     # its field table, in the document's order: (slot, JSON key, how a value that is not None is read and
     # written: None as it is, a Part class for a nested object, Many(Part class) for a list of them)
     _fields: tuple[tuple[str, str, Any], ...] = ()
-    _optional: frozenset[str] = frozenset()  # keys left out of the document when their value is None
+    # keys left out of the document when their value is None (one the schema lets be null or absent, as a
+    # record's `left`: a null read is written back absent, which every reader takes alike)
+    _optional: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls: type[P], d: dict[str, Any]) -> P:

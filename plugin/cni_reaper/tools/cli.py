@@ -646,7 +646,8 @@ def cmd_undo(args) -> int:
         store = Store(state_dir, group[0].conf.lockTimeout).open(create=False)
         try:
             with store.locked():
-                report = undo.undo(store, args.container_id, args.dry_run, [c.conf.ipamDataDir for c in group])
+                report = undo.undo(store, args.container_id, args.dry_run, [c.conf.ipamDataDir for c in group],
+                                   {c.network: c.conf for c in group if c.network}, group[0].conf.cniCacheDir)
         finally:
             store.close()
         restored += [(e.item, what) for e, what in report.restored]

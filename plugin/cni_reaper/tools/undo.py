@@ -63,8 +63,10 @@ BROADER = "it names no address or host port the plugins' rules name (a damaged j
 LOCK_TIMEOUT = 10.0  # seconds for each of host-local's locks (as the CLI's lockTimeout by default)
 
 
-def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
-    """Put back what the journal says was removed for `cid` (the caller holds the state lock)."""
+def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dict[str, Any] | None = None,
+         cache_dir: str = "/var/lib/cni") -> Report:
+    """Put back what the journal says was removed for `cid` (the caller holds the state lock). `confs` (network ->
+    its configuration) and `cache_dir`: what the records are judged with, as `list` and the sweep judge them."""
     from cni_reaper.reap.holders import Holders
     from cni_reaper.reap.hostlocal import locked_dirs, networks_in
     from cni_reaper.state.journal import Journal
@@ -77,7 +79,7 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str]) -> Report:
     # no address is given or taken on these networks from the look at who holds what to the last put-back
     # (host-local's locks, after the state lock, in the one order every clean-up takes them)
     with locked_dirs({(d, n) for d in dirs for n in networks_in(d)}, LOCK_TIMEOUT) as held:
-        _put_back(store, entries, Holders(store, cid, dirs), report, dry_run, held)
+        _put_back(store, entries, Holders(store, cid, dirs, confs, cache_dir), report, dry_run, held)
     if not dry_run:
         Journal(store).undone(f"undo-{cid}", [[e.event, e.index] for e, _ in report.restored],
                               [[e.event, e.index, why] for e, why in report.refused],
