@@ -128,8 +128,6 @@ OTHER_DOCUMENTS = {
     "reap/holders.py": "nft's JSON rules",
     "reap/netfilter/nftables/backend.py": "nft's JSON listing",
     "reap/netfilter/nftables/rules.py": "nft's JSON rules",
-    "reap/hostlocal.py": "a reservation file's stat (probes.read_reservation)",
-    "reap/probes.py": "a reservation file's stat (read_reservation)",
     "state/index.py": "the index's own parts",
     "state/journal.py": "journal items",
     "tools/undo.py": "journal items",

@@ -149,9 +149,8 @@ class NetworkDir:
             except OSError:
                 pass
             return None
-        f = found[1]
-        return Reservation(self.data_dir, self.network, ip, found[0], (f["ino"], f["mtime"], f["ctime"]), f["content"],
-                           f["mode"])
+        return Reservation(self.data_dir, self.network, ip, found.owner, (found.ino, found.mtime, found.ctime),
+                           found.content, found.mode)
 
     def all(self) -> list[Reservation]:
         """Every reservation (files named by an address); those that cannot be read are named in `unread`."""

@@ -402,9 +402,20 @@ def maybe_there(path: str | None) -> bool:
 
 
 # -- host-local's reservations --------------------------------------------------------------------
-def read_reservation(dir_fd: int, ip: str) -> tuple[tuple[str, str], dict[str, Any]] | None:
-    """((containerID, ifname), {"dev", "ino", "mtime", "ctime"}) of the reservation file of `ip` in an open network
-    directory, or None when there is none (or it is not a plain file). ifname is "" in the old format."""
+class ReservationFile:
+    """A host-local reservation file as read: who it names ((containerID, ifname); ifname "" in the old format),
+    its identity (device, inode, modification and change times in ns), its content and permission bits."""
+
+    __slots__ = ("content", "ctime", "dev", "ino", "mode", "mtime", "owner")
+
+    def __init__(self, owner: tuple[str, str], st: os.stat_result, content: str) -> None:
+        self.owner, self.content, self.mode = owner, content, st.st_mode & 0o777
+        self.dev, self.ino, self.mtime, self.ctime = st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+def read_reservation(dir_fd: int, ip: str) -> ReservationFile | None:
+    """The reservation file of `ip` in an open network directory, or None when there is none (or it is not a
+    plain file)."""
     try:
         fd = os.open(ip, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
@@ -419,9 +430,7 @@ def read_reservation(dir_fd: int, ip: str) -> tuple[tuple[str, str], dict[str, A
     finally:
         os.close(fd)
     lines = content.replace("\r\n", "\n").split("\n")
-    who = (lines[0].strip(), lines[1].strip() if len(lines) > 1 else "")
-    return who, {"dev": st.st_dev, "ino": st.st_ino, "mtime": st.st_mtime_ns, "ctime": st.st_ctime_ns,
-                 "content": content, "mode": st.st_mode & 0o777}
+    return ReservationFile((lines[0].strip(), lines[1].strip() if len(lines) > 1 else ""), st, content)
 
 
 def open_network_dir(data_dir: str, network: str) -> int | None:
@@ -445,7 +454,6 @@ def find_reservation(data_dirs: list[str], network: str, ip: str, container_id: 
             found = read_reservation(fd, ip)
         finally:
             os.close(fd)
-        if found is not None and found[0][0] == container_id and found[0][1] in ("", ifname):
-            st = found[1]
-            return ReservationId(data_dir, st["dev"], st["ino"], st["mtime"], st["ctime"])
+        if found is not None and found.owner[0] == container_id and found.owner[1] in ("", ifname):
+            return ReservationId(data_dir, found.dev, found.ino, found.mtime, found.ctime)
     return None
