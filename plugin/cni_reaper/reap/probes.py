@@ -255,12 +255,12 @@ def holding_flat(names: list[str], paths: list[str], ints: list[int]) -> list[st
     return out
 
 
-def dir_id(path: str, groups: tuple[int, ...] = ()) -> DirId | None:
+def dir_id(path: str) -> DirId | None:
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
-    return DirId(st.st_dev, st.st_ino, groups) if stat.S_ISDIR(st.st_mode) else None
+    return DirId(st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 def netns_dir(path: str) -> str:
