@@ -482,7 +482,8 @@ def network_dir(records: Iterable[Record], network: str) -> str:
 
 
 def ips(*lives: Life) -> set[str]:
-    return {ip.address for life in lives for ip in life.ips}
+    """The addresses of all these lives (Life.addresses of each)."""
+    return set().union(*(life.addresses for life in lives))
 
 
 def key_of(data: dict[str, Any]) -> tuple[str, str, str]:
