@@ -70,19 +70,32 @@ python3 -m venv @VENV@
 # the pinned pip, setuptools and wheel first, so that what is built from source below is built with them
 # (--no-build-isolation: no build environment of unpinned packages; under emulation each costs minutes)
 grep -E '^(pip|setuptools|wheel)==' /build/src/build/requirements-bundle.txt > /build/base-requirements.txt
-@VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir -r /build/base-requirements.txt
+again @VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir -r /build/base-requirements.txt
 # -g0: python-iptables' C extension is compiled from its sdist in a temp directory of a random name, which
 # debug info would record (and the linker's build ID with it): without it the extension is the same each time
-CFLAGS="-O2 -g0" @VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-build-isolation \
-  -r /build/src/build/requirements-bundle.txt
+again env CFLAGS="-O2 -g0" @VENV@/bin/pip install -q --disable-pip-version-check --no-cache-dir \
+  --no-build-isolation -r /build/src/build/requirements-bundle.txt
 cd /build/pyinstaller  # its source distribution, downloaded by the build machine's pip (see sdist())
 echo "@SHA@  pyinstaller-@VERSION@.tar.gz" | sha256sum -c - >/dev/null
 tar xzf pyinstaller-@VERSION@.tar.gz
 cd pyinstaller-@VERSION@
 python3 /build/src/build/pyinstaller-patch.py
-PYINSTALLER_COMPILE_BOOTLOADER=1 PYI_STATIC_ZLIB=1 CFLAGS="-O2 -DPYI_ONEDIR_NO_RESTART" \
+again env PYINSTALLER_COMPILE_BOOTLOADER=1 PYI_STATIC_ZLIB=1 CFLAGS="-O2 -DPYI_ONEDIR_NO_RESTART" \
   @VENV@/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation .
 touch @VENV@/.complete
+"""
+
+# `again COMMAND...`, for the steps of an in-root script that may be run twice: under PRoot and qemu-user an
+# execve now and then fails with EFAULT for no reason of its own (seen once in CI: `OSError: [Errno 14] Bad
+# address: '/usr/bin/gcc'` while PyInstaller's bootloader was compiled, after a hundred gcc runs had passed)
+AGAIN = r"""again() {
+  n=1
+  until "$@"; do
+    [ "$n" -lt 3 ] || return 1
+    n=$((n + 1))
+    echo "bundle: '$*' failed; attempt $n of 3 (under emulation an execve can fail spuriously)" >&2
+  done
+}
 """
 
 
@@ -210,7 +223,7 @@ def in_root(root: Path, script: str, env: dict[str, str] | None = None, arch: st
             env[name] = os.environ[name]
     exports = "".join(f"export {k}='{v}'; " for k, v in env.items())
     inner = ["/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LC_ALL=C.UTF-8",
-             "/bin/sh", "-ec", exports + script]
+             "/bin/sh", "-ec", exports + AGAIN + script]
     if arch != HOST_ARCH:
         run_foreign(root, arch, inner)
         return
@@ -288,7 +301,7 @@ def build(arch: str = HOST_ARCH) -> Path:
 cd /build/src
 {venv}/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
 rm -rf /build/dist /build/work
-{venv}/bin/python -m PyInstaller --noconfirm --clean --log-level WARN --distpath /build/dist --workpath /build/work \\
+again {venv}/bin/python -m PyInstaller --noconfirm --clean --log-level WARN --distpath /build/dist --workpath /build/work \\
   build/cni-reaper.spec
 cd /build/dist/cni-reaper
 # $ORIGIN run paths: each shared object finds the bundle's libraries relative to itself
