@@ -46,10 +46,14 @@ def _one_call() -> None:
     collection in it. What reference counting frees is freed as ever; what a cycle holds is given back at the
     exit. A sweep of 1,000 dead attachments makes a few hundred thousand objects (records, rules, journal
     items), and the collector walked them again and again: 30 to 60 ms of its CPU time (in process, Python
-    3.11). The operator's commands keep the collector."""
+    3.11). The operator's commands keep the collector. Work kept for after the answer (cni/afterwards.py)
+    goes to a child when the call ends (`_exit`)."""
     import gc
 
+    from cni_reaper.cni.afterwards import enable
+
     gc.disable()
+    enable()
 
 
 def _exit(code: int) -> NoReturn:
@@ -62,6 +66,9 @@ def _exit(code: int) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):
             code = code or 1
+    from cni_reaper.cni.afterwards import detach
+
+    detach()
     os._exit(code)
 
 

@@ -9,7 +9,9 @@ both iptables flavours, plugins 1.1.1 and 1.9, IPv4 and dual stack."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 
 import pytest
 
@@ -183,6 +185,43 @@ def test_a_dnat_restored_after_its_del_is_freed_at_the_next_add_but_a_re_add_in_
     done = held.release()
     assert done.returncode == 0, done.stderr
     assert sb.reach(netns_again, HOST_IP, 8086, "AGAIN") == "AGAIN"
+
+
+def test_an_add_answers_before_its_look_at_who_else_maps_its_host_ports(sb, tmp_path):
+    """The look at every world's hostport tables (who else maps the ports an ADD was given) runs after the
+    ADD's answer, in a child of its own (cni/afterwards.py): a table reader that hangs holds no allocation,
+    and once it answers the look still frees the port from the dead allocation's DNAT."""
+    reaper = sb.conflist()
+    old, old_ips = restored_after_its_del(sb, reaper, 8080)
+    gate, started = tmp_path / "gate", tmp_path / "nft-started"
+    stand_in = tmp_path / "stand-in"
+    stand_in.mkdir()
+    real_nft = sb.run(["sh", "-c", "command -v nft"], check=True).stdout.strip()
+    (stand_in / "nft").write_text(f'#!/bin/sh\necho $$ >> "{started}"\n'
+                                  f'while [ ! -e "{gate}" ]; do sleep 0.02; done\nexec "{real_nft}" "$@"\n')
+    (stand_in / "nft").chmod(0o755)
+    sb.extra_env["PATH"] = f"{stand_in}:{sb.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"
+    new, netns_new = unique("new-"), sb.container()
+    proc = sb.driver("add", new, netns_new, ("8080:80/tcp",), reaper, settle=False)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        for _ in range(1000):  # the look's child starts the reader (before or after the answer)
+            if started.exists() and started.read_text().strip():
+                break
+            time.sleep(0.01)
+        pids = [int(p) for p in started.read_text().split()]
+        # the reader still waits at its gate: the ADD answered without it (before, the ADD waited for it, and
+        # then stopped it at its budget of 3 s before answering)
+        assert any(os.path.exists(f"/proc/{p}") for p in pids), "the ADD waited for the table reader"
+        assert [l for l in sb.residue(NETWORK, old, old_ips) if "CNI-DN-" in l], "the look ran before the answer"
+    finally:
+        gate.touch()
+    sb.settle()
+    del sb.extra_env["PATH"]
+    assert sb.residue(NETWORK, old, old_ips) == []
+    lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
+    assert any(l["msg"].startswith("host port freed") and l["freedFrom"] == old for l in lines), lines[-5:]
+    assert sb.reach(netns_new, HOST_IP, 8080, "NEW") == "NEW"
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ cni-reaper's default state dir). The machine's own tables and /var/lib/cni are n
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
@@ -247,6 +248,10 @@ class Sandbox:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
+        try:
+            self.settle(timeout=30)  # no child of cni-reaper's left reading tables of namespaces being removed
+        except (AssertionError, OSError):
+            pass
         for name in self.containers + [self.host]:
             sh("ip", "netns", "del", name, check=False)
         self.containers.clear()
@@ -345,8 +350,10 @@ class Sandbox:
         return out
 
     def driver(self, op: str, cid: str = "", netns: str = "", ports: tuple[str, ...] = (), conflist: Path | None = None,
-               args: tuple[str, ...] = (), ports_shape: str = "omit", valid: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-        """One operation through the stack's runtime, called as Nomad calls it (Status() first on 1.9.5+)."""
+               args: tuple[str, ...] = (), ports_shape: str = "omit", valid: tuple[str, ...] = (),
+               settle: bool = True) -> subprocess.CompletedProcess:
+        """One operation through the stack's runtime, called as Nomad calls it (Status() first on 1.9.5+); then,
+        unless `settle` is false, the wait for what cni-reaper left for after its answer (`settle`)."""
         assert self.driver_bin, "this sandbox has no go-cni driver"
         argv = [self.driver_bin, "-conflist", str(conflist or self.conflist()), "-plugindir",
                 self.plugin_path or f"{self.plugin_dir}:{self.plugins}", "-op", op, "-id", cid, "-netns", netns,
@@ -359,7 +366,31 @@ class Sandbox:
             argv += ["-valid", v]
         for a in args:
             argv += ["-arg", a]
-        return self.run(argv)
+        proc = self.run(argv)
+        if settle:
+            self.settle()
+        return proc
+
+    def settle(self, state_dir: Path | None = None, timeout: float = 60) -> None:
+        """Wait until the work cni-reaper's calls left for after their answers is done (cni/afterwards.py: an
+        ADD's look at who else maps its host ports): its children hold a shared flock until they are."""
+        lock = (state_dir or self.state_dir()) / ".afterwards.lock"
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    return
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, f"cni-reaper's work after its answer still runs after {timeout} s"
+                    time.sleep(0.005)
+        finally:
+            os.close(fd)
 
     def plugin(self, command: str, conf: dict | str | bytes, cid: str = "", netns: str = "", ifname: str = "eth0",
                env: dict[str, str] | None = None, pre: str = "") -> tuple[int, dict | None, str]:
@@ -370,6 +401,9 @@ class Sandbox:
         cni_env = {k: v for k, v in cni_env.items() if v is not None}
         stdin = conf if isinstance(conf, str) else json.dumps(conf)
         proc = self.run([str(self.plugin_dir / "cni-reaper")], env=cni_env, input=stdin, pre=pre)
+        if isinstance(conf, dict) and conf.get("stateDir"):
+            self.settle(Path(conf["stateDir"]))
+        self.settle()
         out = json.loads(proc.stdout) if proc.stdout.strip() else None
         return proc.returncode, out, proc.stderr
 

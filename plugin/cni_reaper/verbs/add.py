@@ -53,32 +53,58 @@ def run(inv: Invocation) -> dict[str, Any]:
 
 
 def _sweep(inv: Invocation, store: Store, current: Life) -> None:
-    """The sweep of an ADD, and for one that maps host ports a look at who else maps them (reap/orphans.py:
-    the DNAT of a dead allocation with no record is removed with the rest of what it left; the log says which
-    port was freed from whom, or warns when its owner is live or not known dead). Never fails the ADD."""
+    """The sweep of an ADD; for one that maps host ports, after its answer (cni/afterwards.py), a look at who
+    else maps them (`_look_at_host_ports`). Never fails the ADD."""
     from cni_reaper.reap.evidence import View
     from cni_reaper.reap.sweep import sweep_quietly
 
     view = View()
-    extra = _cached_dead(inv, store, view)
-    ports = host_ports(inv.conf)
-    if not ports:
-        sweep_quietly(store, inv.conf, extra=extra, view=view)
-        return
+    sweep_quietly(store, inv.conf, extra=_cached_dead(inv, store, view), view=view)
+    if host_ports(inv.conf):
+        from cni_reaper.cni.afterwards import later
+
+        later(lambda: _look_at_host_ports(inv, current), inv.conf.stateDir)
+
+
+def _look_at_host_ports(inv: Invocation, current: Life) -> None:
+    """Who else maps the host ports this ADD was given (reap/orphans.py): the DNAT of a dead allocation with no
+    record is removed with the rest of what it left, and the log says which port was freed from whom, or warns
+    when its owner is live or not known dead. Done after the ADD's answer: the look reads the hostport tables
+    with the tools of each world (milliseconds the allocation need not wait for); a connection to the port in
+    those milliseconds met the same DNAT before cni-reaper ran. Never raises."""
     from cni_reaper.reap import orphans
+    from cni_reaper.reap.evidence import View
     from cni_reaper.reap.hostlocal import Keeping
+    from cni_reaper.reap.sweep import sweep_quietly
 
     try:
+        store = Store(inv.conf.stateDir, inv.conf.lockTimeout).open()
+    except Exception as exc:  # noqa: BLE001 - nobody waits for this look: it is only logged
+        log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
+        return
+    try:
+        view = View()
         families = {ip.family for ip in current.ips} or {4}
         # host-local's word, where the ADD's own address shows it keeps the network: its dir and subnets
         keeping = Keeping(reservation_dir(current), [ip.cidr for ip in current.ips if ip.reservation is not None])
-        shadows = orphans.shadowing(inv.conf, inv.container_id, ports, families,
-                                    lambda: {e.key[:2] for e in store.entries().values()}, keeping, view)
+        # the tables are read with no lock held; the records (who has one) and the sweep under the state lock
+        shadows = orphans.shadowing(inv.conf, inv.container_id, host_ports(inv.conf), families,
+                                    lambda: _recorded(store), keeping, view)
+        outcome = None
+        if shadows.targets:
+            with store.locked():
+                outcome = sweep_quietly(store, inv.conf, extra=shadows.targets, view=view)
+        orphans.report(shadows, outcome, inv.container_id)
     except Exception as exc:  # noqa: BLE001 - a look at other allocations never fails this one
         log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
-        shadows = orphans.Shadows()
-    outcome = sweep_quietly(store, inv.conf, extra=extra + shadows.targets, view=view)
-    orphans.report(shadows, outcome, inv.container_id)
+    finally:
+        store.close()
+
+
+def _recorded(store: Store) -> set[tuple[str, str]]:
+    """The (network, container ID) of every record, read under the state lock."""
+    with store.locked():
+        return {e.key[:2] for e in store.entries().values()}
 
 
 def _cached_dead(inv: Invocation, store: Store, view: Any) -> list:
