@@ -68,7 +68,8 @@ def test_a_failed_transaction_puts_back_none_of_its_rules_and_says_why(monkeypat
         def read(self):
             return []
 
-        def add(self, rules):
+        def apply(self, ops):
+            assert ops and all(op.rule for op in ops), "a put-back adds, through the clean-up's apply"
             raise BackendError("refused")
 
     class Nobody:

@@ -21,6 +21,8 @@ import os
 
 from cni_reaper.cni.ipaddr import parse_ip
 from cni_reaper.files import open_regular
+from cni_reaper.reap.netfilter.iptables.rules import Op, insert_op, new_chain_op
+from cni_reaper.reap.netfilter.nftables.rules import NativeOp, adding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -258,10 +260,10 @@ class _Checks:
 def _iptables_family(family: int, flavour: str, entries: list[Removed], checks: _Checks, report: Report,
                      dry_run: bool) -> None:
     from cni_reaper.reap.netfilter.interface import BackendError
-    from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
+    from cni_reaper.reap.netfilter.select import backend_of
 
-    backend = SaveRestoreBackend(flavour)
     try:
+        backend = backend_of(flavour, family)
         tables = backend.read(family)
     except BackendError as exc:
         for e in entries:
@@ -275,32 +277,25 @@ def _iptables_family(family: int, flavour: str, entries: list[Removed], checks: 
         plan.take(e, report)
     for e in chains:  # a chain comes back with a jump to it, never alone
         plan.take(e, report)
-    if plan.lines and not dry_run:
+    if plan.ops and not dry_run:
         try:
-            backend.restore(family, plan.text())
+            backend.apply(family, plan.ops)  # the clean-up's backend: a put-back is a plan applied
         except BackendError as exc:
-            report.failed(plan.entries, f"ipv{family} {flavour} restore failed: {exc}")
+            report.failed(plan.entries, f"ipv{family} {flavour} put-back failed: {exc}")
 
 
 class _IptablesPlan:
-    """The restore lines that put the items back, checked against the tables as they are now."""
+    """The operations that put the items back (iptables.rules PUT_BACKS), checked against the tables as they
+    are now."""
 
     def __init__(self, tables: dict[str, Any], checks: _Checks) -> None:
         self.tables, self.holders, self.ports = tables, checks.holders, checks.ports
-        self.lines: dict[str, list[str]] = {}
-        self.made: set[tuple[str, str]] = set()
+        self.ops: list[Op] = []
         self.candidates: set[tuple[str, str]] = set()  # chains that may come back (if a jump to them does)
         self.jumped: set[tuple[str, str]] = set()  # chains a rule put back jumps to
         self.inserted: dict[tuple[str, str], int] = {}
         self.entries: list[Removed] = []
         self.taken: set[tuple[str, str, str, Any]] = set()  # (table, chain, op, spec) of what is put back
-
-    def text(self) -> str:
-        out = ""
-        for t, lines in self.lines.items():
-            made = [f"-N {c}" for table, c in sorted(self.made) if table == t]
-            out += f"*{t}\n" + "\n".join(made + lines) + "\nCOMMIT\n"
-        return out
 
     def _exists(self, table: str, chain: str) -> bool:
         t = self.tables.get(table)
@@ -332,9 +327,10 @@ class _IptablesPlan:
             if why:
                 report.no(e, why)
                 return
-            self.made.add((table, chain))
             self.taken.add(again)
-            self.lines.setdefault(table, []).extend(f"-A {chain} {s}" for s in it["rules"])
+            owner, what = _owner(it), it.get("what", "")
+            self.ops.append(new_chain_op(table, chain, owner, what))
+            self.ops += [insert_op(table, chain, spec, -1, owner, what) for spec in it["rules"]]
         else:
             why = self._conflict(table, chain, it["spec"])
             if why:
@@ -347,7 +343,7 @@ class _IptablesPlan:
             pos = min(it.get("index", 0), length)  # its position then, the others being as they were
             self.inserted[(table, chain)] = self.inserted.get((table, chain), 0) + 1
             self.taken.add(again)
-            self.lines.setdefault(table, []).append(f"-I {chain} {pos + 1} {it['spec']}")
+            self.ops.append(insert_op(table, chain, it["spec"], pos, _owner(it), it.get("what", "")))
         self.entries.append(e)
         report.ok(e, f"ipv{it['family']} {table} {chain}: {it.get('what', '')}")
 
@@ -373,6 +369,12 @@ class _IptablesPlan:
             ports = rule_ports(rule)
             return self.ports.shadowed(ports, iptables_owner(rule.comment)) if ports else BROADER
         return None if rule_addresses(rule) else BROADER
+
+
+def _owner(item: dict[str, Any]) -> tuple[str, str]:
+    """(network, container ID) of a journaled item (its key: network, container ID, ifname)."""
+    key = item.get("key")
+    return (str(key[0]), str(key[1])) if isinstance(key, list) and len(key) == 3 else ("", "")
 
 
 def _target(chain: str, spec: str) -> str | None:
@@ -401,7 +403,7 @@ def _native(entries: list[Removed], holders: Holders, ports: PortMap, report: Re
         rule = e.item["rule"]
         verdict, why = _native_verdict(rule, holders, ports, now)
         if verdict == "add":
-            adds.append({k: v for k, v in rule.items() if k != "handle"})
+            adds.append(adding(rule, _owner(e.item), e.item.get("what", "")))
             ok.append(e)
             now.add(_native_key(rule))  # journaled twice: put back once
             report.ok(e, f"nft {e.item['family']} {e.item['table']} {e.item['chain']}: {e.item.get('what', '')}")
@@ -411,12 +413,13 @@ def _native(entries: list[Removed], holders: Holders, ports: PortMap, report: Re
         _add_native(nft, adds, ok, report)
 
 
-def _add_native(nft: Any, adds: list[dict[str, Any]], entries: list[Removed], report: Report) -> None:
-    """Add the rules in one transaction; when it fails, none of `entries` was put back, and the report says so."""
+def _add_native(nft: Any, adds: list[NativeOp], entries: list[Removed], report: Report) -> None:
+    """Add the rules in one transaction, through the clean-up's backend; when it fails, none of `entries` was
+    put back, and the report says so."""
     from cni_reaper.reap.netfilter.interface import BackendError
 
     try:
-        nft.add(adds)
+        nft.apply(adds)
     except BackendError as exc:
         report.failed(entries, f"nft: {exc}")
 

@@ -14,7 +14,7 @@ import sys
 
 from cni_reaper.reap.netfilter.interface import BackendError
 from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
-from cni_reaper.reap.netfilter.iptables.rules import Op, Table, by_table
+from cni_reaper.reap.netfilter.iptables.rules import Op, Table, by_table, puts_back
 from cni_reaper.reap.netfilter.iptables.xtables_lock import xtables_lock
 
 _LIB_DIRS = ("/lib/{arch}-linux-gnu", "/usr/lib/{arch}-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
@@ -109,6 +109,9 @@ class IptcBackend:
         return self._text.read(family)
 
     def apply(self, family: int, ops: list[Op]) -> None:
+        if puts_back(ops):  # a rule from its saved text: what the restore tool reads (legacy: under the lock)
+            self._text.apply(family, ops)
+            return
         iptc = _import_iptc()
         with xtables_lock():
             fresh = self._text.read(family)

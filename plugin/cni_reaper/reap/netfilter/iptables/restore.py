@@ -13,7 +13,7 @@ import os
 from cni_reaper.reap.netfilter import flavour as flavours
 from cni_reaper.reap.netfilter import processes
 from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
-from cni_reaper.reap.netfilter.iptables.rules import Op, Table, by_table, parse_save
+from cni_reaper.reap.netfilter.iptables.rules import Op, Table, by_table, parse_save, puts_back
 
 TABLES = ("nat", "filter")
 LOCK_WAIT_SECONDS = "3"
@@ -69,20 +69,23 @@ class SaveRestoreBackend:
         what a failed second transaction leaves is removed with `-F`/`-X`, or left to the next read."""
         if not ops:
             return
+        if puts_back(ops):
+            self._restore(family, put_back_text(ops))
+            return
         chains = [op for op in ops if op.kind == "chain"]
         nft = flavours.which("nft") if chains and self.flavour == "nft" else None
         if nft is None or not all(_nft_name(op.table) and _nft_name(op.chain) for op in chains):
-            self.restore(family, restore_text(ops))
+            self._restore(family, restore_text(ops))
             return
         rules = [op for op in ops if op.kind == "rule"]
         if rules:
-            self.restore(family, restore_text(rules))
+            self._restore(family, restore_text(rules))
         try:
             self._run([nft, "-f", "-"], chain_script(family, chains))
         except BackendError:
-            self.restore(family, restore_text(chains))
+            self._restore(family, restore_text(chains))
 
-    def restore(self, family: int, text: str) -> None:
+    def _restore(self, family: int, text: str) -> None:
         """One `restore --noflush` run of `text` (a transaction per table; legacy under the xtables lock)."""
         argv = [self._tool(family, "restore"), "--noflush"]
         if self.flavour == "legacy":
@@ -102,6 +105,20 @@ def chain_script(family: int, chains: list[Op]) -> str:
     fam = "ip6" if family == 6 else "ip"
     return "".join(f"flush chain {fam} {op.table} {op.chain}\ndelete chain {fam} {op.table} {op.chain}\n"
                    for op in chains)
+
+
+def put_back_text(ops: list[Op]) -> str:
+    """The `iptables-restore --noflush` input that puts back: one transaction per table; in each, the chains
+    made first (a rule may jump to one), then the rules in the order given, each at its position (`-I`, whose
+    positions count from 1) or after the last (`-A`)."""
+    lines: list[str] = []
+    for table, table_ops in by_table(ops).items():
+        lines.append(f"*{table}")
+        lines += [f"-N {op.chain}" for op in table_ops if op.kind == "new"]
+        lines += [f"-I {op.chain} {op.index + 1} {op.spec}" if op.index >= 0 else f"-A {op.chain} {op.spec}"
+                  for op in table_ops if op.kind == "insert"]
+        lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
 
 
 def restore_text(ops: list[Op]) -> str:

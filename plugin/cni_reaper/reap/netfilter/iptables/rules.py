@@ -38,13 +38,15 @@ class Rule(Value):
 
 
 class Op(Value):
-    """One deletion: a rule (by its saved text, and its position when planned) or a whole chain."""
+    """One change of a table: a deletion (a rule by its saved text, and its position when planned, or a whole
+    chain) or, for undo, a put-back (a chain made anew, or a saved rule inserted at its position: a put-back
+    is a plan applied through the same backend as a clean-up's)."""
 
     __slots__ = ("chain", "index", "kind", "owner", "part", "spec", "table", "what")
 
     def __init__(self, kind: str, table: str, chain: str, spec: str, owner: tuple[str, str], what: str, index: int,
                  part: str) -> None:
-        self.kind = kind  # "rule" (delete one rule) or "chain" (flush and delete a chain)
+        self.kind = kind  # "rule" (delete one rule), "chain" (flush and delete a chain), or PUT_BACKS
         self.table, self.chain, self.spec = table, chain, spec
         self.owner = owner  # (network, container ID) whose leftover this is
         self.what = what  # for the log: what it is
@@ -58,6 +60,27 @@ def rule_op(table: str, rule: Rule, owner: tuple[str, str], what: str, part: str
 
 def chain_op(table: str, chain: str, owner: tuple[str, str], what: str, part: str) -> Op:
     return Op("chain", table, chain, "", owner, what, -1, part)
+
+
+# the kinds of a put-back: "new" makes an empty chain; "insert" puts a saved rule at position `index` of its
+# chain (0 the first; -1 after the last). One transaction either removes or puts back, never both.
+PUT_BACKS = ("new", "insert")
+
+
+def new_chain_op(table: str, chain: str, owner: tuple[str, str], what: str) -> Op:
+    return Op("new", table, chain, "", owner, what, -1, "")
+
+
+def insert_op(table: str, chain: str, spec: str, index: int, owner: tuple[str, str], what: str) -> Op:
+    return Op("insert", table, chain, spec, owner, what, index, "")
+
+
+def puts_back(ops: list[Op]) -> bool:
+    """Whether `ops` put back (PUT_BACKS) rather than remove; a mix is refused (ValueError)."""
+    kinds = {op.kind in PUT_BACKS for op in ops}
+    if len(kinds) > 1:
+        raise ValueError("one transaction either removes or puts back")
+    return kinds == {True}
 
 
 def by_table(ops: list[Op]) -> dict[str, list[Op]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from cni_reaper import jsonio
 from cni_reaper.reap.netfilter import flavour, processes
 from cni_reaper.reap.netfilter.interface import BackendError
-from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRule, parse_listing, script
+from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRule, json_script, parse_listing, script
 
 TIMEOUT_SECONDS = 30
 
@@ -82,12 +82,10 @@ class NftBackend:
             raise BackendError(f"nft: {exc}") from None
         return [(d.code, d.out, d.err) for d in done]
 
-    def add(self, rules: list[dict]) -> None:
-        """Add rules given as nftables JSON (what `nft -j list` gives, without handles), in one transaction."""
-        if rules:
-            self._run(["-j", "-f", "-"], jsonio.dumps({"nftables": [{"add": {"rule": r}} for r in rules]}))
-
     def apply(self, ops: list[NativeOp]) -> None:
-        if ops:
+        """One transaction: deletions by handle as `nft -f` text; with a rule added back (undo), all as JSON."""
+        if any(op.rule for op in ops):
+            self._run(["-j", "-f", "-"], json_script(ops))
+        elif ops:
             self._run(["-f", "-"], script(ops))
 

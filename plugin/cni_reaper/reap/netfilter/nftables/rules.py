@@ -126,16 +126,33 @@ def parse_json(doc: dict) -> list[NativeRule]:
 
 
 class NativeOp(Value):
-    """Delete one rule by its handle."""
+    """Delete one rule by its handle; or, for undo, add one back (`rule`: the rule as nftables JSON, without
+    its handle, as a jsonio text; "" for a deletion)."""
 
-    __slots__ = ("chain", "family", "handle", "owner", "part", "table", "what")
+    __slots__ = ("chain", "family", "handle", "owner", "part", "rule", "table", "what")
 
     def __init__(self, family: str, table: str, chain: str, handle: int, owner: tuple[str, str], what: str,
-                 part: str) -> None:
+                 part: str, rule: str = "") -> None:
         self.family, self.table, self.chain, self.handle, self.owner, self.what = family, table, chain, handle, owner, what
         self.part = part  # "masq" (bridge's) or "dnat" (portmap's)
+        self.rule = rule
+
+
+def adding(rule: dict, owner: tuple[str, str], what: str) -> NativeOp:
+    """The op that adds `rule` (nftables JSON, as `nft -j list` gave it) back, without its handle."""
+    bare = {k: v for k, v in rule.items() if k != "handle"}
+    return NativeOp(str(bare.get("family", "")), str(bare.get("table", "")), str(bare.get("chain", "")), 0, owner,
+                    what, "", jsonio.dumps(bare))
 
 
 def script(ops: list[NativeOp]) -> str:
-    """The `nft -f` input that applies `ops` in one transaction (all or nothing)."""
+    """The `nft -f` input of deletions in one transaction (all or nothing)."""
     return "".join(f"delete rule {o.family} {o.table} {o.chain} handle {o.handle}\n" for o in ops)
+
+
+def json_script(ops: list[NativeOp]) -> str:
+    """The `nft -j -f` input that applies `ops`, adds among them, in one transaction (all or nothing)."""
+    items = [{"add": {"rule": jsonio.loads(o.rule)}} if o.rule else
+             {"delete": {"rule": {"family": o.family, "table": o.table, "chain": o.chain, "handle": o.handle}}}
+             for o in ops]
+    return jsonio.dumps({"nftables": items})
