@@ -110,6 +110,32 @@ def test_a_sweep_that_cannot_see_removes_nothing_of_a_live_attachment(sb, view):
     assert sb.snapshot(NET, live, ips_live) == before_live
 
 
+def test_a_del_run_in_another_network_namespace_leaves_its_rules_to_a_sweep_that_reaches_them(sb):
+    """A DEL whose process runs in another network namespace than the one the attachment was recorded in
+    cannot reach its rules: its own clean-up is judged as any sweep's (sweep.judge: out of reach), removes
+    nothing, and its tombstone asks for a second look; the sweep from the attachment's host then cleans it.
+    (Before, the DEL "cleaned" the other namespace's tables, found nothing, called its clean-up finished,
+    and the tombstone went with the rules still in the host's tables.)"""
+    (live, ips_live, _), (dead, ips_dead, ns_dead) = two_allocations(sb)
+    before_live, before_dead = sb.snapshot(NET, live, ips_live), sb.snapshot(NET, dead, ips_dead)
+    data = json.loads(sb.conflist().read_text())
+    conf = dict(next(p for p in data["plugins"] if p["type"] == "cni-reaper"), name=data["name"],
+                cniVersion=data["cniVersion"])
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": dead, "CNI_NETNS": ns_dead, "CNI_IFNAME": "eth0",
+           "CNI_PATH": f"{sb.plugin_dir}:{sb.plugins}"}
+    other = sb.container()
+    proc = sb.run(["nsenter", f"--net={other}", str(sb.plugin_dir / "cni-reaper")], env=env, input=json.dumps(conf))
+    assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout + proc.stderr
+    assert "left for a sweep" in proc.stderr and "another network namespace" in proc.stderr, proc.stderr
+    assert sb.snapshot(NET, dead, ips_dead) == before_dead
+    assert sb.record(dead)["deleted"]["verify"] is True
+    for cached in (sb.cni_dir / "results").glob(f"*{dead}*"):
+        cached.unlink()  # as libcni does once the chain's DEL is done
+    sb.status(name=NET)  # a verb from the attachments' host: the second look
+    assert sb.residue(NET, dead, ips_dead) == []
+    assert sb.snapshot(NET, live, ips_live) == before_live
+
+
 # -- a netns made again at the same path, with the same (recycled) inode --------------------------------
 def _remake_with_the_same_inode(sb, path: str, tries: int = 3000) -> None:
     """Delete the namespace at `path` and make another at the same path that the kernel gives the same inode

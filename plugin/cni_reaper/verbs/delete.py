@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
     from cni_reaper.state.record import Record
+    from cni_reaper.state.store import Store
 
 # the rest (the store, the evidence, the sweep) is imported by the DEL itself: run beside the real plugin in
 # wrap mode, its imports are too
@@ -21,7 +22,7 @@ from cni_reaper.errors import CniError
 from cni_reaper.verbs.teardown_first import can_wait, nothing_first, same_life
 
 
-def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Target]:
+def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Target] | None:
     """What of this attachment must go now, before the downstream plugins' DEL runs.
 
     - The recorded life is this DEL's netns and it is alive: bridge, firewall and portmap tear it down,
@@ -31,7 +32,9 @@ def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Targe
       the masquerade chain itself stays (bridge's DEL would fail on a missing chain; measured on 1.1.1).
     Never the reservations: bridge's DEL always has host-local release them (even with no netns), and a
     reservation released before the firewall plugin's DEL has run could be given to an attachment whose
-    rules that DEL would then delete."""
+    rules that DEL would then delete. The record is judged as every sweep judges one (sweep.judge), the
+    runtime's DEL its verdict: None (nothing now, a second look later) when its rules are out of this
+    process's reach."""
     conf = inv.conf
     if nothing_first(record, inv):
         return []  # the common case: the downstream plugins remove everything; nothing to import
@@ -43,14 +46,16 @@ def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Targe
         if conf.prevResult is None:
             parts.add("forward")
     from cni_reaper.reap import probes
-    from cni_reaper.reap.evidence import DEAD, Facts, judge_life
-    from cni_reaper.reap.sweep import Judged, dead_target, earlier_target, settings_of
+    from cni_reaper.reap.evidence import DEAD
+    from cni_reaper.reap.sweep import Verdict, dead_target, earlier_target, judge, settings_of
     from cni_reaper.reap.targets import PARTS
     from cni_reaper.state.record import RecordSettings
 
     s = settings_of(record, {conf.name: conf}) or RecordSettings.of_conf(conf)
-    earlier = [judge_life(Facts.of_life(life), view) for life in record.earlier]
-    j = Judged(record, DEAD, "DEL", s, earlier, by_runtime=True)
+    j = judge(record, view, s, conf.cniCacheDir, Verdict(DEAD, "DEL"))
+    if j.state != DEAD:  # out of this process's reach: its tombstone asks a sweep that reaches them (verify)
+        log.info("nothing of this attachment removed before the plugins' DEL; left for a sweep", why=j.why)
+        return None
     if not same:
         return [dead_target(j, view, keep_masq_chain=probes.maybe_there(inv.netns),
                             parts=PARTS - {"reservation"}, lives=list(record.lives))]
@@ -80,6 +85,46 @@ def _finished(record: Record, outcome: Outcome | None, extra: list[Target]) -> b
             and not outcome.left_of(k))
 
 
+def _now(record: Record | None, inv: Invocation, view: View, beside: bool) -> tuple[list[Target], bool]:
+    """What of the attachment goes now (immediate_targets), and whether its tombstone asks the next sweep for a
+    second look (`verify`: something was to go now, or could not be reached)."""
+    if record is None:
+        return [], False
+    extra = immediate_targets(record, inv, view)
+    if extra is None:
+        return [], True
+    if beside and extra:
+        # changed since can_wait looked: removing them now would race the plugins' own teardown; the
+        # tombstone asks the next sweep for a second look instead
+        log.info("something of this attachment is to go that the plugins' DEL may still be removing; "
+                 "left for the next sweep")
+        return [], True
+    return extra, bool(extra)
+
+
+def _torn_down(store: Store, record: Record | None, inv: Invocation, verify: bool) -> Record | None:
+    """The record marked torn down (its tombstone, unless it has one) and saved."""
+    if record is None:
+        return None
+    if record.deleted is None:
+        from cni_reaper.reap import cache, probes
+        from cni_reaper.state.record import tombstone
+
+        conf = inv.conf
+        cache_dir = record.settings.cache_dir if record.settings else conf.cniCacheDir
+        record = record.replace(deleted=tombstone(
+            not probes.maybe_there(inv.netns), conf.prevResult is not None, bool(conf.portMappings),
+            verify=verify, cached=cache.exists(cache_dir, *record.key)))
+    store.save(record)
+    return record
+
+
+def _settle(store: Store, record: Record | None, outcome: Outcome | None, extra: list[Target]) -> None:
+    """A tombstone whose DEL removed everything it was to remove needs no second look (`_finished`)."""
+    if record is not None and record.deleted is not None and extra and _finished(record, outcome, extra):
+        store.save(record.replace(deleted=record.deleted.replace(verify=False)))
+
+
 def run(inv: Invocation) -> None:
     conf = inv.conf
     if conf.stateDir is None:
@@ -92,10 +137,10 @@ def run(inv: Invocation) -> None:
 
 
 def _run(inv: Invocation, beside: bool = False) -> None:
-    """The DEL; `beside`: run while the downstream plugins' DEL runs (can_wait said nothing must go first)."""
-    from cni_reaper.reap import cache, probes
+    """The DEL, in a straight line under the state lock: load its record, judge what of it must go now,
+    mark it torn down, plan and apply that with the sweep of the other dead attachments, settle the mark.
+    `beside`: run while the downstream plugins' DEL runs (can_wait said nothing must go first)."""
     from cni_reaper.reap.evidence import View
-    from cni_reaper.state.record import tombstone
     from cni_reaper.state.store import Store
 
     conf = inv.conf
@@ -105,30 +150,15 @@ def _run(inv: Invocation, beside: bool = False) -> None:
         store.open(create=False)
         with store.locked():
             record = store.load(conf.name, inv.container_id, inv.ifname)
-            extra: list[Target] = []
             if record is None:
                 log.info("no record for this attachment; nothing of it to remove")
-            else:
-                extra = immediate_targets(record, inv, view)
-                verify = bool(extra)
-                if beside and extra:
-                    # changed since can_wait looked: removing them now would race the plugins' own teardown;
-                    # the tombstone asks the next sweep for a second look instead
-                    log.info("something of this attachment is to go that the plugins' DEL may still be removing; "
-                             "left for the next sweep")
-                    extra = []
-                if record.deleted is None:
-                    cache_dir = record.settings.cache_dir if record.settings else conf.cniCacheDir
-                    record = record.replace(deleted=tombstone(
-                        not probes.maybe_there(inv.netns), conf.prevResult is not None, bool(conf.portMappings),
-                        verify=verify, cached=cache.exists(cache_dir, *record.key)))
-                store.save(record)
-            exclude = frozenset({record.key}) if record is not None else frozenset()
+            extra, verify = _now(record, inv, view, beside)
+            record = _torn_down(store, record, inv, verify)
             from cni_reaper.reap.sweep import sweep_quietly
 
+            exclude = frozenset({record.key}) if record is not None else frozenset()
             outcome = sweep_quietly(store, conf, exclude=exclude, extra=extra, view=view)
-            if record is not None and record.deleted is not None and extra and _finished(record, outcome, extra):
-                store.save(record.replace(deleted=record.deleted.replace(verify=False)))
+            _settle(store, record, outcome, extra)
     except CniError as err:
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.
         log.warn("DEL could not use the state directory; continuing", error=err.msg, details=err.details)
