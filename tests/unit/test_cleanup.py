@@ -7,6 +7,8 @@ a dry run changes nothing."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cni_reaper.cni.conf import parse
@@ -269,8 +271,8 @@ def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(m
         def read(self):
             return []
 
-        def add(self, rules):
-            added.extend(rules)
+        def apply(self, ops):
+            added.extend(json.loads(op.rule) for op in ops)
 
     class Nobody:
         def of(self, text):
