@@ -40,3 +40,36 @@ class Value:
         if changes:
             raise TypeError(f"{type(self).__name__} has no field {', '.join(changes)}")
         return new
+
+
+if TYPE_CHECKING:
+    _Triple = tuple[str, str, str]
+else:
+    _Triple = tuple
+
+
+class Key(_Triple):
+    """An attachment's identity as libcni names it: (network, container ID, ifname). A tuple (a dict key,
+    equal to and sorted as the plain tuple), whose parts are read by name."""
+
+    __slots__ = ()
+
+    def __new__(cls, network: str, container_id: str, ifname: str) -> Key:
+        return tuple.__new__(cls, (network, container_id, ifname))
+
+    @property
+    def network(self) -> str:
+        return self[0]
+
+    @property
+    def container_id(self) -> str:
+        return self[1]
+
+    @property
+    def ifname(self) -> str:
+        return self[2]
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        """(network, container ID): whose leftovers a rule's tag names (it does not name the interface)."""
+        return (self[0], self[1])

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from cni_reaper.reap.outcome import Outcome
 from cni_reaper.state.record import Record
+from cni_reaper.values import Key
 from cni_reaper.verbs.delete import _finished
 from testkit.records import bare
 
-KEY = ("nomad", "alloc-1", "eth0")
+KEY = Key("nomad", "alloc-1", "eth0")
 
 
 def record() -> Record:

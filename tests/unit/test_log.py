@@ -42,11 +42,12 @@ def test_the_records_dropped_are_told_even_when_a_later_one_cannot_be_trimmed(tm
     """A sweep's batch drops two records, then a trim fails (a full disk): the two drops are in the log."""
     from cni_reaper.reap import sweep
     from cni_reaper.reap.evidence import DEAD, LIVE
+    from cni_reaper.values import Key
     from testkit.records import bare
 
     class Judged:
         def __init__(self, cid, state):
-            self.key, self.state, self.why, self.record = ("nomad", cid, "eth0"), state, "its netns is gone", bare(cid=cid)
+            self.key, self.state, self.why, self.record = Key("nomad", cid, "eth0"), state, "its netns is gone", bare(cid=cid)
 
     class Store:
         def as_read(self, record):

@@ -14,14 +14,15 @@ from cni_reaper.reap.outcome import Outcome
 from cni_reaper.state import counters as metrics
 from cni_reaper.state.store import Store
 from cni_reaper.tools.metrics import exposition, merge
+from cni_reaper.values import Key
 
 
 def _outcome(network="n", kinds=(("masquerade", 2), ("reservation", 1)), failed=False) -> Outcome:
     out = Outcome()
     for kind, n in kinds:
-        out.note((network, "c1", "eth0"), f"{kind} item", kind, n)
+        out.note(Key(network, "c1", "eth0"), f"{kind} item", kind, n)
     if failed:
-        out.failed.add((network, "c2", "eth0"))
+        out.failed.add(Key(network, "c2", "eth0"))
         out.errors.append("ipv4: boom")
     return out
 

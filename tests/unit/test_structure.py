@@ -206,3 +206,18 @@ def test_who_holds_what_is_judged_in_one_place():
     users = {m: sorted(_names_used(p) & set(ONE_JUDGEMENT)) for m, p in MODULES.items() if m not in JUDGES}
     assert {m: u for m, u in users.items() if u} == {}
     assert "HOLDING" in _names_used(MODULES["cni_reaper.reap.sweep"])  # the check reads what it is to catch
+
+
+def test_an_attachments_key_is_read_by_name_never_by_position():
+    """(network, container ID, ifname) crosses modules as values.Key: `x.key.network`, never `x.key[0]`."""
+    found = []
+    for m, p in MODULES.items():
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute) and n.value.attr == "key":
+                found.append(f"{m}:{n.lineno}")
+    assert found == []
+    from cni_reaper.values import Key
+
+    k = Key("nomad", "alloc-1", "eth0")
+    assert (k.network, k.container_id, k.ifname, k.owner) == ("nomad", "alloc-1", "eth0", ("nomad", "alloc-1"))
+    assert k == ("nomad", "alloc-1", "eth0") and hash(k) == hash(("nomad", "alloc-1", "eth0"))

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from cni_reaper.reap.hostlocal import NetworkDir, Reservation
     from cni_reaper.reap.targets import Expect, Target
+    from cni_reaper.values import Key
 
 
 def own(t: Target, r: Reservation) -> bool:
@@ -57,7 +58,7 @@ class Claims:
     """The claims on a set of targets' leftovers, from the holders (records that are live, unknown or being
     deleted: key -> addresses) and the reservations read under host-local's locks."""
 
-    def __init__(self, targets: Iterable[Target], holders: dict[tuple[str, str, str], set[str]],
+    def __init__(self, targets: Iterable[Target], holders: dict[Key, set[str]],
                  dirs: Iterable[NetworkDir]) -> None:
         targets = list(targets)
         self.holders = holders
@@ -74,10 +75,10 @@ class Claims:
         self.kin: dict[tuple[str, str], list[Target]] = {}  # the targets of each container
         for t in targets:
             self.kin.setdefault((t.network, t.container_id), []).append(t)
-        self.holder_ips: dict[str, set[tuple[str, str, str]]] = {}
-        self.holder_containers: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        self.holder_ips: dict[str, set[Key]] = {}
+        self.holder_containers: dict[tuple[str, str], set[Key]] = {}
         for k, addresses in holders.items():
-            self.holder_containers.setdefault((k[0], k[1]), set()).add(k)
+            self.holder_containers.setdefault(k.owner, set()).add(k)
             for ip in addresses:
                 self.holder_ips.setdefault(ip, set()).add(k)
 
@@ -98,7 +99,7 @@ class Claims:
     def _held_by_others(self, t: Target, ip: str, kin_only: bool) -> bool:
         holders = self.holder_ips.get(ip, set())
         if kin_only:
-            holders = {k for k in holders if (k[0], k[1]) == (t.network, t.container_id)}
+            holders = {k for k in holders if k.owner == (t.network, t.container_id)}
         return bool(holders - {t.key}) or (not t.whole and t.key in holders)
 
     def governed(self, t: Target, ip: str) -> bool:

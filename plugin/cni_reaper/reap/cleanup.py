@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from cni_reaper.reap.cache import Cached
     from cni_reaper.reap.netfilter.domain import Domain, Plan
     from cni_reaper.state.journal import Journal
+    from cni_reaper.values import Key
 
 from cni_reaper import log
 from cni_reaper.reap.claims import Claims
@@ -51,7 +52,7 @@ class CleanupOptions:
             self.journal.done(event, removed)
 
 
-def clean(targets: list[Target], holders: dict[tuple[str, str, str], set[str]], settings: CleanupOptions) -> Outcome:
+def clean(targets: list[Target], holders: dict[Key, set[str]], settings: CleanupOptions) -> Outcome:
     """Remove what `targets` left behind. Never raises: failures are logged and reported in the outcome (the
     caller keeps the record for a retry). `holders` maps the key of every attachment that is live, unknown or
     being deleted to the addresses it holds."""
@@ -132,7 +133,7 @@ def _clean_netfilter(targets: list[Target], protected: dict, settings: CleanupOp
         _clean_domain(domain, outcome, settings)
 
 
-def _owners(domain: Domain) -> dict[tuple[str, str], tuple[str, str, str]]:
+def _owners(domain: Domain) -> dict[tuple[str, str], Key]:
     return {(t.network, t.container_id): t.key for t in domain.targets}
 
 
@@ -214,7 +215,7 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, s
     cannot be put back: the journal says they were cleared."""
     from cni_reaper.reap import conntrack
 
-    owner_of: dict[str, tuple[str, str, str]] = {}
+    owner_of: dict[str, Key] = {}
     for t in targets:
         if "conntrack" in t.parts and t.key not in outcome.failed:
             for ip in t.dead_ips - protected.get(t.key, set()):
@@ -290,7 +291,7 @@ def _forget(targets: list[Target], outcome: Outcome, settings: CleanupOptions) -
     from cni_reaper.reap import cache
     from cni_reaper.state.journal import batches
 
-    failed: dict[tuple[str, str, str], Target] = {}
+    failed: dict[Key, Target] = {}
     jobs = _cache_jobs(targets, failed)
     items = [{"kind": "cache", "key": list(t.key), "cacheDir": t.cache_dir, "entry": e.name, "content": e.text}
              for t, e in jobs]
@@ -319,7 +320,7 @@ def _forget(targets: list[Target], outcome: Outcome, settings: CleanupOptions) -
         outcome.failed.add(t.key)
 
 
-def _cache_jobs(targets: list[Target], failed: dict[tuple[str, str, str], Target]) -> list[tuple[Target, Cached]]:
+def _cache_jobs(targets: list[Target], failed: dict[Key, Target]) -> list[tuple[Target, Cached]]:
     """Each cached result (cache.Cached) that names a target's dead address, with its target; a target whose
     own entry cannot be read goes into `failed`."""
     from cni_reaper.reap import cache

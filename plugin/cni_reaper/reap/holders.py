@@ -153,9 +153,9 @@ class Holders:
 
         self.by_ip: dict[str, str] = {}
         for k, addresses in holdings(store.records(), View(), confs or {}, cache_dir).items():
-            if k[1] != cid:
+            if k.container_id != cid:
                 for ip in addresses:  # as rules and journal items name them (a record written by hand may not)
-                    self.by_ip[address(ip) or ip] = f"the attachment {k[1]} ({k[0]})"
+                    self.by_ip[address(ip) or ip] = f"the attachment {k.container_id} ({k.network})"
         for d in dict.fromkeys(data_dirs):
             for n in networks_in(d):
                 nd = NetworkDir(d, n)

@@ -303,13 +303,13 @@ def _tagged_as(cid: str, clashes: list[Mapping], tags: dict[tuple[str, str], set
 def report(shadows: Shadows, outcome: Outcome | None, cid: str) -> None:
     """Say, per clash, whether the other owner's DNAT went (the port is this allocation's now) or stays (its
     owner is live or not known dead: connections to the port may reach it)."""
-    gone = {(k[0], k[1]) for k in outcome.removed} if outcome is not None else set()
-    would = {(k[0], k[1]) for k in outcome.would} if outcome is not None else set()
+    gone = {k.owner for k in outcome.removed} if outcome is not None else set()
+    would = {k.owner for k in outcome.would} if outcome is not None else set()
     for m in shadows.clashes:
-        if any(k[1] == m.container_id and (not m.network or k[0] == m.network) for k in gone):
+        if any(c == m.container_id and (not m.network or n == m.network) for n, c in gone):
             log.info("host port freed: the DNAT of a dead allocation shadowed it", port=str(m.port),
                      freedFrom=m.container_id, forContainer=cid)
-        elif any(k[1] == m.container_id and (not m.network or k[0] == m.network) for k in would):
+        elif any(c == m.container_id and (not m.network or n == m.network) for n, c in would):
             log.warn("host port shadowed by the DNAT of a dead allocation, left in place: its network is in observe "
                      "mode", port=str(m.port), mappedBy=m.container_id, network=m.network, forContainer=cid)
         else:

@@ -5,7 +5,9 @@ backends used, and counts by kind for the metrics."""
 
 from __future__ import annotations
 
-Key = tuple[str, str, str]  # (network, container ID, ifname)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cni_reaper.values import Key
 
 
 class Outcome:
@@ -47,12 +49,12 @@ class Outcome:
 
     def left_of(self, key: Key) -> bool:
         """Whether this clean-up left something of attachment `key`'s container on its network on purpose."""
-        return (key[0], key[1]) in self.left
+        return key.owner in self.left
 
     def note(self, key: Key, what: str, kind: str, n: int = 1) -> None:
         """One removal (or `n` of a kind counted as one line: conntrack entries) of attachment `key`."""
         self.removed.setdefault(key, []).append(what)
-        self.counts[(key[0], kind)] = self.counts.get((key[0], kind), 0) + n
+        self.counts[(key.network, kind)] = self.counts.get((key.network, kind), 0) + n
 
     def merge(self, other: Outcome) -> None:
         for k, items in other.removed.items():

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.journal import Journal
     from cni_reaper.state.record import Life, Record
     from cni_reaper.state.store import Store
+    from cni_reaper.values import Key
 
 from cni_reaper import log
 from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
@@ -45,8 +46,6 @@ from cni_reaper.reap.evidence import (
     out_of_reach,
 )
 from cni_reaper.state.record import RecordSettings, ips, parse_time
-
-Key = tuple[str, str, str]  # (network, container ID, ifname)
 
 
 class Verdict:
@@ -380,10 +379,10 @@ def report_observed(store: Store, seen: Outcome, why: dict[Key, str] | None = No
             continue
         digest[name] = mark
         keys.add(name)
-        log.info("would remove", network=k[0], containerID=k[1], ifname=k[2], items=items, mode="observe",
+        log.info("would remove", network=k.network, containerID=k.container_id, ifname=k.ifname, items=items, mode="observe",
                  why=(why or {}).get(k, "no record: found by its tags, dead by libcni's cache or GC's valid list"))
         for (network, kind), n in seen.counts.items():
-            if network == k[0]:
+            if network == k.network:
                 fresh[(network, kind)] = fresh.get((network, kind), 0) + n
     modes.save_observed(store, {k: v for k, v in digest.items() if k in keys})
     if fresh:
@@ -396,10 +395,11 @@ def _left_for_the_runtime(store: Store, j: Judged, outcome: Outcome, watching: s
     from cni_reaper.state.record import left
 
     why = outcome.waiting.get(j.key)
-    if why is None or j.state != DEAD or j.record.deleted is not None or j.key[0] in watching:
+    if why is None or j.state != DEAD or j.record.deleted is not None or j.key.network in watching:
         return False
     store.save(j.record.replace(left=left(why)))
-    log.info("left for the runtime's DEL or GC", network=j.key[0], containerID=j.key[1], ifname=j.key[2], why=why)
+    log.info("left for the runtime's DEL or GC", network=j.key.network, containerID=j.key.container_id,
+             ifname=j.key.ifname, why=why)
     return True
 
 
@@ -410,12 +410,12 @@ def _held(store: Store, j: Judged, outcome: Outcome, watching: set[str]) -> bool
     from cni_reaper.state.record import held
 
     why = outcome.held.get(j.key)
-    if why is None or j.state not in SWEEPABLE or j.key[0] in watching:
+    if why is None or j.state not in SWEEPABLE or j.key.network in watching:
         return False
     mark = held(why, j.record.left)
     store.save(j.record.replace(left=mark))
-    log.info("left in place: something not ours holds it; looked at again later", network=j.key[0],
-             containerID=j.key[1], ifname=j.key[2], why=why, retryAt=mark.retry_at, tries=mark.tries)
+    log.info("left in place: something not ours holds it; looked at again later", network=j.key.network,
+             containerID=j.key.container_id, ifname=j.key.ifname, why=why, retryAt=mark.retry_at, tries=mark.tries)
     return True
 
 
@@ -428,7 +428,7 @@ def _settling(j: Judged, watching: set[str]) -> tuple[Life, ...] | None:
     """The earlier lives a record keeps when its clean-up went through (None: it is not settled now). A
     record of a dead attachment is dropped; one whose dead earlier lives were cleaned is trimmed."""
     r = j.record
-    if j.key[0] in watching and not _finished_del(j):
+    if j.key.network in watching and not _finished_del(j):
         return None  # observe mode: nothing of it was removed
     kept = tuple(life for life, (st, _) in zip(r.earlier, j.earlier) if st != DEAD)
     if not (j.state in SWEEPABLE or (j.state == LIVE and len(kept) != len(r.earlier))):
@@ -452,8 +452,8 @@ def _settle_all(store: Store, due: list[tuple[Judged, tuple[Life, ...]]], journa
         errors = store.remove_all([j.key for j in gone])
         went = [j for j, error in zip(gone, errors) if error is None]
         dropped += went
-        log.each("info", "record dropped", [{"network": j.key[0], "containerID": j.key[1], "ifname": j.key[2],
-                                             "state": j.state, "why": j.why} for j in went])
+        log.each("info", "record dropped", [{"network": j.key.network, "containerID": j.key.container_id,
+                                             "ifname": j.key.ifname, "state": j.state, "why": j.why} for j in went])
         failed = next((error for error in errors if error is not None), None)
         if failed is not None:  # the others of the batch went: the next sweep looks at those that did not
             raise failed
@@ -492,7 +492,7 @@ def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome
     cleaned: dict[str, int] = {}
     for j in _settle_all(store, _due(store, sel, outcome, watching), journal):
         if j.state != DONE or j.key in outcome.removed:  # a DEL that went well is no dead attachment
-            cleaned[j.key[0]] = cleaned.get(j.key[0], 0) + 1
+            cleaned[j.key.network] = cleaned.get(j.key.network, 0) + 1
     for t in sel.extra:  # attachments with no record (orphans, GC's): cleaned if something of theirs was
         if t.whole and t.key in outcome.removed and t.key not in outcome.kept:
             cleaned[t.network] = cleaned.get(t.network, 0) + 1
@@ -531,7 +531,7 @@ def sweep_modes(noted: tuple[dict[str, str], set[str]], conf: Any, sel: Selectio
     word and the settings file's, observe winning)."""
     from cni_reaper.state import modes
 
-    networks = {j.key[0] for j in sel.judged} | {t.network for t in sel.extra}
+    networks = {j.key.network for j in sel.judged} | {t.network for t in sel.extra}
     return modes.resolved(*noted, modes.file_of(conf), networks)
 
 

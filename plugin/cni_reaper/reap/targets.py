@@ -4,7 +4,7 @@ sweep, narrowed by the claims (claims.py), consumed by the clean-up engine and t
 
 from __future__ import annotations
 
-from cni_reaper.values import Value
+from cni_reaper.values import Key, Value
 
 # masq: bridge's masquerade (iptables chain and jump, or native rules); dnat: portmap's (iptables or native);
 # forward: the firewall plugin's CNI-FORWARD rules; reservation: host-local's; conntrack: the entries that
@@ -60,8 +60,8 @@ class Target(Value):
         self.reserved_in = reserved_in
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.network, self.container_id, self.ifname)
+    def key(self) -> Key:
+        return Key(self.network, self.container_id, self.ifname)
 
     def narrowed(self, dead_ips: frozenset[str], whole: bool) -> Target:
         return self.replace(dead_ips=dead_ips, whole=whole, any_source=self.any_source and whole)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 from cni_reaper import jsonio, log
 from cni_reaper.state.names import all_record_names, is_record_name, others_in
 from cni_reaper.state.record import DirId, HostId, NetnsId, Veth, parse_time
+from cni_reaper.values import Key
 
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
@@ -376,8 +377,8 @@ class Entry:
         self.left = left
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.network, self.cid, self.ifname)
+    def key(self) -> Key:
+        return Key(self.network, self.cid, self.ifname)
 
     # its evidence as the record's typed parts (evidence.Facts.of_entry)
     @property

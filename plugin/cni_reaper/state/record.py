@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import __version__
 from cni_reaper.state.names import MAX_RECORD_BYTES  # noqa: F401 - the records' limit, beside the fields' own
-from cni_reaper.values import Value
+from cni_reaper.values import Key, Value
 
 SCHEMA = 2
 SCHEMAS = (1, 2)  # what is read
@@ -362,8 +362,8 @@ class Record(Part):
         self.plugin_version, self.deleted, self.left = plugin_version, deleted, left
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.network, self.container_id, self.ifname)
+    def key(self) -> Key:
+        return Key(self.network, self.container_id, self.ifname)
 
     @property
     def lives(self) -> tuple[Life, ...]:
@@ -486,9 +486,9 @@ def ips(*lives: Life) -> set[str]:
     return set().union(*(life.addresses for life in lives))
 
 
-def key_of(data: dict[str, Any]) -> tuple[str, str, str]:
+def key_of(data: dict[str, Any]) -> Key:
     """The key of a record document problem() accepted (before it is read: its file must be named by it)."""
-    return (data["network"], data["containerID"], data["ifname"])
+    return Key(data["network"], data["containerID"], data["ifname"])
 
 
 def written_as_read(data: dict[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from cni_reaper.state.index import Entry, Index
 from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
 from cni_reaper.state.record import key_of, of_document, problem, written_as_read
 from cni_reaper.state.safedir import SafeDir
+from cni_reaper.values import Key
 
 LOCK_NAME = ".lock"
 CORRUPT_SUFFIX = ".corrupt"
@@ -54,9 +55,9 @@ class Store:
 
     # -- records -------------------------------------------------------------------------------------
     def load(self, network: str, container_id: str, ifname: str) -> Record | None:
-        return self.load_named(record_name(network, container_id, ifname), expect=(network, container_id, ifname))
+        return self.load_named(record_name(network, container_id, ifname), expect=Key(network, container_id, ifname))
 
-    def load_named(self, name: str, expect: tuple[str, str, str] | None = None) -> Record | None:
+    def load_named(self, name: str, expect: Key | None = None) -> Record | None:
         """The record in file `name` (in schema 2's shape), or None; an unusable file is moved aside."""
         data, why = self.dir.read(name, MAX_RECORD_BYTES)
         if data is None:
@@ -109,7 +110,7 @@ class Store:
         if gone and sync:
             self.dir.sync()
 
-    def remove_all(self, keys: list[tuple[str, str, str]]) -> list[OSError | None]:
+    def remove_all(self, keys: list[Key]) -> list[OSError | None]:
         """Delete these records side by side (pool.each: a sweep drops a thousand); the index learns of every one
         that is gone. Per key, None (gone, or there was none) or the OSError that kept it. sync() after."""
         from cni_reaper.state import pool

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from cni_reaper.state.record import Record
+    from cni_reaper.values import Key
 
 from cni_reaper import PLUGIN_NAME, __version__, log
 from cni_reaper.errors import INVALID_CONFIG, CniError
@@ -226,7 +227,7 @@ def _records(state_dir: str) -> list[Record]:
         store.close()
 
 
-def _states(records: list[Record], group: list[Context], view) -> dict[tuple[str, str, str], tuple[str, str]]:
+def _states(records: list[Record], group: list[Context], view) -> dict[Key, tuple[str, str]]:
     """Each record's state and why, judged as the sweep judges it (with its own settings)."""
     from cni_reaper.reap.sweep import judge, settings_of
 
@@ -437,7 +438,7 @@ def cmd_sweep(args) -> int:
     total.unknown = dict(view.blind)
     groups = {}
     for key, items in total.removed.items():
-        groups[f"{key[0]} {key[1]}" + (f" {key[2]}" if key[2] else "")] = items
+        groups[f"{key.network} {key.container_id}" + (f" {key.ifname}" if key.ifname else "")] = items
     count = sum(len(v) for v in groups.values())
     backends = {f"ipv{f}": name for f, name in sorted(total.backends.items())}
     if args.json:
@@ -520,7 +521,7 @@ def cmd_metrics(args) -> int:
     if args.network:
         for part in ("attachments", "removed", "failures"):
             merged[part] = {n: v for n, v in merged[part].items() if n == args.network}
-        records = {k: v for k, v in records.items() if k[0] == args.network}
+        records = {k: v for k, v in records.items() if k[0] == args.network}  # (network, state)
     text = metrics.exposition(merged, records, [c.network for c in contexts if c.network])
     if args.textfile:
         try:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from cni_reaper.reap.evidence import View
     from cni_reaper.reap.scheduler import Word
     from cni_reaper.state.record import Record
+    from cni_reaper.values import Key
 
 REMOVE_ENV = "CNI_REAPER_NOMAD_REMOVE_NETNS"
 
@@ -97,7 +98,7 @@ class Said:
     __slots__ = ("namespaces", "verdicts")
 
     def __init__(self) -> None:
-        self.verdicts: dict[tuple[str, str, str], Verdict] = {}
+        self.verdicts: dict[Key, Verdict] = {}
         self.namespaces: dict[tuple[str, str], int] = {}
 
     def count(self, store: Any, removed: Any) -> None:
@@ -107,7 +108,7 @@ class Said:
         counts, self.namespaces = dict(self.namespaces), {}  # counted once, whichever run of the sweep comes first
         for k, v in self.verdicts.items():
             if k in removed and v.parts is None:  # whole: counted once, when its last part went
-                counts[(k[0], "attachments")] = counts.get((k[0], "attachments"), 0) + 1
+                counts[(k.network, "attachments")] = counts.get((k.network, "attachments"), 0) + 1
         counters.add_by_kind(store, "schedulersWord", counts)
 
 

@@ -104,7 +104,7 @@ def _look_at_host_ports(inv: Invocation, current: Life) -> None:
 def _recorded(store: Store) -> set[tuple[str, str]]:
     """The (network, container ID) of every record, read under the state lock."""
     with store.locked():
-        return {e.key[:2] for e in store.entries().values()}
+        return {e.key.owner for e in store.entries().values()}
 
 
 def _cached_dead(inv: Invocation, store: Store, view: Any) -> list:
@@ -118,7 +118,7 @@ def _cached_dead(inv: Invocation, store: Store, view: Any) -> list:
             return []
         from cni_reaper.reap import orphans
 
-        return orphans.cached_dead(inv.conf, {e.key[:2] for e in store.entries().values()}, view)
+        return orphans.cached_dead(inv.conf, {e.key.owner for e in store.entries().values()}, view)
     except Exception as exc:  # noqa: BLE001 - a look at other attachments never fails this one
         log.warn("libcni's cached attachments without a record were not looked at", error=f"{type(exc).__name__}: {exc}")
         return []

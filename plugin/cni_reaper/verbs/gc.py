@@ -70,7 +70,7 @@ def run(inv: Invocation) -> None:
                         if not holds(valid, r.container_id, r.ifname)}
             # GC looks at once at what something not ours held (as an operator's sweep does)
             sel = select(records, View(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)
-            live = {(k[1], k[2]) for k in sel.holders if k[0] == conf.name}  # every record not dead holds
+            live = {(k.container_id, k.ifname) for k in sel.holders if k.network == conf.name}  # every record not dead holds
             recorded = {(r.network, r.container_id) for r in mine}
             sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
             sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))

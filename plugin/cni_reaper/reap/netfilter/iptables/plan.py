@@ -22,6 +22,10 @@ from cni_reaper.reap.netfilter import chains
 from cni_reaper.reap.netfilter.iptables.rules import Op, Rule, Table, chain_op, rule_op
 from cni_reaper.reap.targets import Target
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cni_reaper.values import Key
+
 
 def parse_tag(comment: str) -> tuple[str | None, str, str] | None:
     """(kind: None, "dnat" or "snat"; network; container ID) of a comment in the plugins' tag shape
@@ -165,7 +169,7 @@ class _Builder:
 
 
 def plan(tables: dict[str, Table], targets: list[Target], family: int,
-         protected: dict[tuple[str, str, str], set[str]] | None = None) -> Plan:
+         protected: dict[Key, set[str]] | None = None) -> Plan:
     """Operations for one family. `protected[target.key]` are IPs whose untagged rules must stay."""
     b = _Builder(tables, family)
     for t in targets:
