@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -222,6 +223,58 @@ def test_an_add_answers_before_its_look_at_who_else_maps_its_host_ports(sb, tmp_
     lines = [json.loads(l) for l in sb.log_file.read_text().splitlines()]
     assert any(l["msg"].startswith("host port freed") and l["freedFrom"] == old for l in lines), lines[-5:]
     assert sb.reach(netns_new, HOST_IP, 8080, "NEW") == "NEW"
+
+
+def test_a_look_that_loses_the_race_to_free_a_port_does_not_say_the_dead_dnat_stays(sb, tmp_path):
+    """Two ADDs on the port a dead allocation's DNAT shadows look side by side (after their answers): the
+    first reads the tables and is held at its next nft call; the second reads, judges and frees the port.
+    The first then finds nothing left to remove: it reads the tables again before warning, and says the
+    port is free instead of "its DNAT stays" (found by a red-team run: it warned, every time)."""
+    reaper = sb.conflist()
+    old, _ = restored_after_its_del(sb, reaper, 8080)
+    gate, calls = tmp_path / "gate", tmp_path / "nft-calls"
+    real_nft = sb.run(["sh", "-c", "command -v nft"], check=True).stdout.strip()
+    stand_in = tmp_path / "stand-in"
+    stand_in.mkdir()
+    (stand_in / "nft").write_text(  # the 2nd nft call (the first look's listing of the tags) waits at the gate
+        f'#!/bin/bash\nexec 9>>"{calls}.lock"; flock 9; echo $$ >> "{calls}"; n=$(wc -l < "{calls}"); flock -u 9\n'
+        f'if [ "$n" = 2 ]; then while [ ! -e "{gate}" ]; do sleep 0.02; done; fi\nexec "{real_nft}" "$@"\n')
+    (stand_in / "nft").chmod(0o755)
+    sb.extra_env["PATH"] = f"{stand_in}:{sb.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"
+    done = {}
+
+    def add(cid):
+        done[cid] = sb.driver("add", cid, sb.container(), ("8080:80/tcp",), reaper, settle=False)
+
+    def freed() -> bool:
+        return any(json.loads(line)["msg"].startswith("host port freed")
+                   for line in sb.log_file.read_text().splitlines())
+
+    first, second = unique("first-"), unique("second-")
+    a = threading.Thread(target=add, args=(first,))
+    b = threading.Thread(target=add, args=(second,))
+    a.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (calls.exists() and len(calls.read_text().split()) >= 2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        b.start()
+        deadline = time.monotonic() + 30  # the second look frees the port while the first is held
+        while time.monotonic() < deadline and not freed():
+            time.sleep(0.02)
+    finally:
+        gate.touch()
+        a.join()
+        if b.is_alive() or b.ident is not None:
+            b.join()
+    sb.settle()
+    del sb.extra_env["PATH"]
+    assert done[first].returncode == 0 and done[second].returncode == 0
+    lines = [json.loads(line) for line in sb.log_file.read_text().splitlines()]
+    assert any(line["msg"].startswith("host port freed") and line["freedFrom"] == old for line in lines)
+    assert not [line for line in lines if line["msg"].startswith("host port also mapped")
+                and line.get("mappedBy") == old], "warned that a DNAT stays which another look had removed"
+    assert sb.residue(NETWORK, old, []) == []
 
 
 @pytest.fixture

@@ -376,7 +376,7 @@ class Sandbox:
         ADD's look at who else maps its host ports): its children hold a shared flock until they are."""
         lock = (state_dir or self.state_dir()) / ".afterwards.lock"
         try:
-            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO there: no wait
         except FileNotFoundError:
             return
         try:

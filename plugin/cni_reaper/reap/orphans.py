@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.reap.evidence import View
-    from cni_reaper.reap.holders import HostPort, Mapping
+    from cni_reaper.reap.holders import HostPort, Mapping, PortMap
     from cni_reaper.reap.hostlocal import Keeping
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
@@ -300,11 +300,15 @@ def _tagged_as(cid: str, clashes: list[Mapping], tags: dict[tuple[str, str], set
     return next(iter(nets)) if len(nets) == 1 else None
 
 
-def report(shadows: Shadows, outcome: Outcome | None, cid: str) -> None:
+def report(shadows: Shadows, outcome: Outcome | None, cid: str,
+           look_again: Callable[[], PortMap] | None = None) -> None:
     """Say, per clash, whether the other owner's DNAT went (the port is this allocation's now) or stays (its
-    owner is live or not known dead: connections to the port may reach it)."""
+    owner is live or not known dead: connections to the port may reach it). Before saying it stays, the
+    tables are read again (`look_again`, once): another sweep (a look of another ADD, the timer) may have
+    removed it since this look read them, and then the port is free."""
     gone = {k.owner for k in outcome.removed} if outcome is not None else set()
     would = {k.owner for k in outcome.would} if outcome is not None else set()
+    now: list[PortMap] = []
     for m in shadows.clashes:
         if any(c == m.container_id and (not m.network or n == m.network) for n, c in gone):
             log.info("host port freed: the DNAT of a dead allocation shadowed it", port=str(m.port),
@@ -312,8 +316,21 @@ def report(shadows: Shadows, outcome: Outcome | None, cid: str) -> None:
         elif any(c == m.container_id and (not m.network or n == m.network) for n, c in would):
             log.warn("host port shadowed by the DNAT of a dead allocation, left in place: its network is in observe "
                      "mode", port=str(m.port), mappedBy=m.container_id, network=m.network, forContainer=cid)
+        elif look_again is not None and _gone_since(m, now, look_again):
+            log.info("host port freed: the DNAT that shadowed it is gone (another sweep removed it)",
+                     port=str(m.port), freedFrom=m.container_id, forContainer=cid)
         else:
             log.warn("host port also mapped by another allocation, live or not known dead: its DNAT stays and may "
                      "take this allocation's connections", port=str(m.port), mappedBy=m.container_id or "(untagged)",
                      network=m.network, forContainer=cid,
                      fix="stop the other allocation, or run `cni-reaper sweep --orphans` to see what is known of it")
+
+
+def _gone_since(m: Mapping, now: list[PortMap], look_again: Callable[[], PortMap]) -> bool:
+    """Whether mapping `m` is no longer in the tables (read again once, kept in `now`; unreadable: not gone)."""
+    if not now:
+        try:
+            now.append(look_again())
+        except Exception:  # noqa: BLE001 - a second look that fails leaves the warning as it was
+            return False
+    return not now[0].blind and m not in now[0].mapped

@@ -74,6 +74,7 @@ def _look_at_host_ports(inv: Invocation, current: Life) -> None:
     those milliseconds met the same DNAT before cni-reaper ran. Never raises."""
     from cni_reaper.reap import orphans
     from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.holders import mapped_now
     from cni_reaper.reap.hostlocal import Keeping
     from cni_reaper.reap.sweep import sweep_quietly
 
@@ -94,7 +95,7 @@ def _look_at_host_ports(inv: Invocation, current: Life) -> None:
         if shadows.targets:
             with store.locked():
                 outcome = sweep_quietly(store, inv.conf, extra=shadows.targets, view=view)
-        orphans.report(shadows, outcome, inv.container_id)
+        orphans.report(shadows, outcome, inv.container_id, lambda: mapped_now(inv.conf.backend, families))
     except Exception as exc:  # noqa: BLE001 - a look at other allocations never fails this one
         log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
     finally:
