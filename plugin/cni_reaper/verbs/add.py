@@ -60,7 +60,7 @@ def _sweep(inv: Invocation, store: Store, current: Life) -> None:
 
     view = View()
     sweep_quietly(store, inv.conf, extra=_cached_dead(inv, store, view), view=view)
-    if host_ports(inv.conf):
+    if inv.conf.portMappings:  # the host ports are read after the answer (holders is not imported before it)
         from cni_reaper.cni.afterwards import later
 
         later(lambda: _look_at_host_ports(inv, current), inv.conf.stateDir)
