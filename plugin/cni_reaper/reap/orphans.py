@@ -310,10 +310,10 @@ def report(shadows: Shadows, outcome: Outcome | None, cid: str,
     would = {k.owner for k in outcome.would} if outcome is not None else set()
     now: list[PortMap] = []
     for m in shadows.clashes:
-        if any(c == m.container_id and (not m.network or n == m.network) for n, c in gone):
+        if _owned(m, gone):
             log.info("host port freed: the DNAT of a dead allocation shadowed it", port=str(m.port),
                      freedFrom=m.container_id, forContainer=cid)
-        elif any(c == m.container_id and (not m.network or n == m.network) for n, c in would):
+        elif _owned(m, would):
             log.warn("host port shadowed by the DNAT of a dead allocation, left in place: its network is in observe "
                      "mode", port=str(m.port), mappedBy=m.container_id, network=m.network, forContainer=cid)
         elif look_again is not None and _gone_since(m, now, look_again):
@@ -324,6 +324,12 @@ def report(shadows: Shadows, outcome: Outcome | None, cid: str,
                      "take this allocation's connections", port=str(m.port), mappedBy=m.container_id or "(untagged)",
                      network=m.network, forContainer=cid,
                      fix="stop the other allocation, or run `cni-reaper sweep --orphans` to see what is known of it")
+
+
+def _owned(m: Mapping, owners: set[tuple[str, str]]) -> bool:
+    """Whether mapping `m` is of one of `owners` ((network, container ID); a mapping that names no network is
+    of its container's in any)."""
+    return any(c == m.container_id and (not m.network or n == m.network) for n, c in owners)
 
 
 def _gone_since(m: Mapping, now: list[PortMap], look_again: Callable[[], PortMap]) -> bool:
