@@ -46,6 +46,10 @@ def run(inv: Invocation) -> dict[str, Any]:
             _sweep(inv, store, current)
     finally:
         store.close()
+    if conf.portMappings:  # once the state lock is let go (the look takes it); holders is not imported here
+        from cni_reaper.cni.afterwards import later
+
+        later(lambda: _look_at_host_ports(inv, current), conf.stateDir)
     result = dict(conf.prevResult)
     if not lookup(result, "cniVersion")[0]:
         result["cniVersion"] = inv.version
@@ -60,10 +64,6 @@ def _sweep(inv: Invocation, store: Store, current: Life) -> None:
 
     view = View()
     sweep_quietly(store, inv.conf, extra=_cached_dead(inv, store, view), view=view)
-    if inv.conf.portMappings:  # the host ports are read after the answer (holders is not imported before it)
-        from cni_reaper.cni.afterwards import later
-
-        later(lambda: _look_at_host_ports(inv, current), inv.conf.stateDir)
 
 
 def _look_at_host_ports(inv: Invocation, current: Life) -> None:
