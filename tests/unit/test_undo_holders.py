@@ -1,4 +1,4 @@
-"""What undo may not put back is what the sweep and `list` hold (reap/holders.Holders over sweep.holdings): the
+"""What undo may not put back is what the sweep and `list` hold (reap/claims.Holdings over sweep.holdings): the
 same judgement, with the same settings for a record that carries none, and addresses compared as rules and
 journal items name them. Both cases were found by a red team (a reservation put back for an address `list`
 showed held)."""

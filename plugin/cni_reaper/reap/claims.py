@@ -54,37 +54,46 @@ def own(t: Target, r: Reservation) -> bool:
     return e.not_after is None or r.ident[1] <= e.not_after
 
 
-class Claims:
-    """The claims on a set of targets' leftovers, from the holders (records that are live, unknown or being
-    deleted: key -> addresses) and the reservations read under host-local's locks."""
+def canonical(ip: str) -> str:
+    """An address as the plugins, host-local and the rules print it (a record written by hand may spell it
+    otherwise: `FD00::2`)."""
+    from cni_reaper.cni.ipaddr import parse_ip
 
-    def __init__(self, targets: Iterable[Target], holders: dict[Key, set[str]],
-                 dirs: Iterable[NetworkDir]) -> None:
-        targets = list(targets)
+    try:
+        return parse_ip(ip)[1]
+    except ValueError:
+        return ip
+
+
+class Holdings:
+    """Who holds what now, the one answer every judge asks (the sweep, GC, orphans and a DEL's own clean-up
+    through Claims; undo through `others_than`): the attachments that are live, unknown or being deleted (key
+    -> the addresses their lives hold, from the sweep's one judgement: sweep.Selection.holders,
+    sweep.holdings), and host-local's reservations in the directories given, read under host-local's locks by
+    the caller. `whole`: the networks whose directories are read whole (None: every one); of the others only
+    `wanted_ips`."""
+
+    def __init__(self, holders: dict[Key, set[str]], dirs: Iterable[NetworkDir], whole: set[str] | None = None,
+                 wanted_ips: Iterable[str] = ()) -> None:
         self.holders = holders
         self.by_ip: dict[str, list[Reservation]] = {}
         self.by_container: dict[tuple[str, str], list[Reservation]] = {}
-        wanted_networks = {t.network for t in targets}
-        wanted_ips = {ip for t in targets for ip in t.dead_ips}
         self.host_local: set[str] = set()  # the networks host-local keeps in a directory known here
         self.read: dict[str, list[NetworkDir]] = {}  # network -> its directories read whole
         self.unread_ips: set[str] = set()  # addresses whose reservation is there but cannot be read
         self.unread_networks: set[str] = set()  # networks with such a reservation: any container may hold one
+        wanted = {canonical(ip) for ip in wanted_ips}
         for d in {id(d): d for d in dirs}.values():
-            self._read(d, d.network in wanted_networks, wanted_ips)
-        self.kin: dict[tuple[str, str], list[Target]] = {}  # the targets of each container
-        for t in targets:
-            self.kin.setdefault((t.network, t.container_id), []).append(t)
+            self._read(d, whole is None or d.network in whole, wanted)
         self.holder_ips: dict[str, set[Key]] = {}
         self.holder_containers: dict[tuple[str, str], set[Key]] = {}
         for k, addresses in holders.items():
             self.holder_containers.setdefault(k.owner, set()).add(k)
             for ip in addresses:
-                self.holder_ips.setdefault(ip, set()).add(k)
+                self.holder_ips.setdefault(canonical(ip), set()).add(k)
 
     def _read(self, d: NetworkDir, whole: bool, wanted_ips: set[str]) -> None:
-        """The reservations of one directory: all of them (`whole`: a network of the targets), else those of
-        the targets' addresses."""
+        """The reservations of one directory: all of them (`whole`), else those of `wanted_ips`."""
         if d.fd is not None:
             self.host_local.add(d.network)
             if whole:
@@ -92,12 +101,64 @@ class Claims:
         for r in d.all() if whole else [r for r in map(d.get, sorted(wanted_ips)) if r]:
             self.by_ip.setdefault(r.ip, []).append(r)
             self.by_container.setdefault((r.network, r.owner[0]), []).append(r)
-        self.unread_ips.update(d.unread)  # a reservation that cannot be read may be anyone's
+        self.unread_ips.update(map(canonical, d.unread))  # a reservation that cannot be read may be anyone's
         if d.unread and whole:
             self.unread_networks.add(d.network)
 
+    def holding(self, ip: str) -> set[Key]:
+        """The attachments (live, unknown or being deleted) whose lives hold `ip`."""
+        return self.holder_ips.get(canonical(ip), set())
+
+    def reserving(self, ip: str) -> list[Reservation]:
+        """host-local's reservations of `ip` in the directories read."""
+        return self.by_ip.get(canonical(ip), [])
+
+    def unread(self, ip: str) -> bool:
+        """Whether something is at `ip`'s reservation's name that cannot be read as one: it may be anyone's."""
+        return canonical(ip) in self.unread_ips
+
+    def others_than(self, cid: str) -> Others:
+        return Others(self, cid)
+
+
+class Others:
+    """Who other than container `cid` holds an address now (Holdings.others_than): what undo may not put back
+    for `cid`."""
+
+    def __init__(self, holdings: Holdings, cid: str) -> None:
+        self.holdings, self.cid = holdings, cid
+
+    def of(self, addresses: Iterable[str]) -> str | None:
+        """Why one of `addresses` is held by another than `cid` (None: by no one else): an attachment of another
+        container that is not dead, a reservation naming another container, or one that cannot be read."""
+        for ip in sorted({canonical(a) for a in addresses}):
+            others = sorted(k for k in self.holdings.holding(ip) if k.container_id != self.cid)
+            if others:
+                return f"{ip} is held by the attachment {others[0].container_id} ({others[0].network})"
+            foreign = [r for r in self.holdings.reserving(ip) if r.owner[0] != self.cid]
+            if foreign:
+                r = foreign[0]
+                return f"{ip} is held by {r.owner[0]}, whose reservation it is ({r.data_dir}/{r.network})"
+            if self.holdings.unread(ip):
+                return (f"{ip} has something at its host-local reservation's name that cannot be read as one: who "
+                        "holds it is not known")
+        return None
+
+
+class Claims(Holdings):
+    """The claims on a set of targets' leftovers: the holdings, with the directories of the targets' networks
+    read whole and of the others the targets' addresses."""
+
+    def __init__(self, targets: Iterable[Target], holders: dict[Key, set[str]],
+                 dirs: Iterable[NetworkDir]) -> None:
+        targets = list(targets)
+        super().__init__(holders, dirs, {t.network for t in targets}, {ip for t in targets for ip in t.dead_ips})
+        self.kin: dict[tuple[str, str], list[Target]] = {}  # the targets of each container
+        for t in targets:
+            self.kin.setdefault((t.network, t.container_id), []).append(t)
+
     def _held_by_others(self, t: Target, ip: str, kin_only: bool) -> bool:
-        holders = self.holder_ips.get(ip, set())
+        holders = self.holding(ip)
         if kin_only:
             holders = {k for k in holders if k.owner == (t.network, t.container_id)}
         return bool(holders - {t.key}) or (not t.whole and t.key in holders)
@@ -119,16 +180,16 @@ class Claims:
 
     def ip_free(self, t: Target, ip: str) -> bool:
         """No one else holds `ip`: its untagged rules and conntrack entries may go."""
-        if t.forming or ip in self.unread_ips or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=False):
+        if t.forming or self.unread(ip) or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=False):
             return False
-        return all(own(t, r) for r in self.by_ip.get(ip, []))
+        return all(own(t, r) for r in self.reserving(ip))
 
     def kin_free(self, t: Target, ip: str) -> bool:
         """No other life of t's container holds `ip`: its rules tagged with the container and tied to the
         address may go."""
-        if t.forming or ip in self.unread_ips or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=True):
+        if t.forming or self.unread(ip) or not self.governed(t, ip) or self._held_by_others(t, ip, kin_only=True):
             return False
-        return all(self._own_by_kin(t, r) for r in self.by_ip.get(ip, []) if r.owner[0] == t.container_id)
+        return all(self._own_by_kin(t, r) for r in self.reserving(ip) if r.owner[0] == t.container_id)
 
     def _own_by_kin(self, t: Target, r: Reservation) -> bool:
         """`r` is the own reservation of one of the dead lives of t's container cleaned now."""
@@ -163,12 +224,12 @@ class Claims:
 
     def releasable(self, t: Target, ip: str) -> list[Reservation]:
         """The dead life's own reservations of `ip` (in its network's directories)."""
-        return [r for r in self.by_ip.get(ip, []) if r.network == t.network and own(t, r)]
+        return [r for r in self.reserving(ip) if r.network == t.network and own(t, r)]
 
     def why_kept(self, t: Target, ip: str) -> str:
         if t.forming:
             return "its netns path holds a newer namespace: a new life may be forming there"
-        if ip in self.unread_ips:
+        if self.unread(ip):
             return "its host-local reservation cannot be read: who holds it is not known"
         if not self.governed(t, ip):
             return ("no host-local reservation of it was recorded or is there (its IPAM keeps none): nothing shows "
@@ -196,8 +257,8 @@ class Claims:
         return "its chains stay, another life of it is there"
 
     def _why_held(self, t: Target, ip: str) -> str:
-        others = sorted(self.holder_ips.get(ip, set()) - {t.key})
+        others = sorted(self.holding(ip) - {t.key})
         if others:
-            return f"held by {others[0][1]} ({others[0][0]})"
-        foreign = [r for r in self.by_ip.get(ip, []) if not own(t, r)]
+            return f"held by {others[0].container_id} ({others[0].network})"
+        foreign = [r for r in self.reserving(ip) if not own(t, r)]
         return f"reserved by {foreign[0].owner[0]} ({foreign[0].data_dir}/{foreign[0].network})" if foreign else "claimed"

@@ -1,15 +1,13 @@
-"""What something live may hold now, asked by whatever puts back what a clean-up removed (tools/undo.py): the
-addresses a rule names and the host ports it maps, read from parsed rules (iptables' saved text through
-`iptables.rules.parse_rule`, native rules through `nftables.rules.parse_rule`), both families, and who holds
-an address (records that are not dead, host-local's reservations) or maps a host port (the hostport DNAT
-chains as they are now, both worlds).
+"""What a rule names and who maps a host port now, asked by whatever puts back what a clean-up removed
+(tools/undo.py) and by an ADD's look at its host ports: the addresses a rule names and the host ports it maps,
+read from parsed rules (iptables' saved text through `iptables.rules.parse_rule`, native rules through
+`nftables.rules.parse_rule`), both families, and the hostport DNAT chains as they are now, both worlds. Who
+holds an address is the holdings' one answer (claims.Holdings, Others for undo).
 
 A put-back is refused when one address it names is held by another attachment, or when it maps a host port
 (protocol and port; with or without a host IP: a mapping of a host IP is evaluated first and would shadow
 the live one, one without shadows it where the live one has none) that another container maps now. An ADD
-asks the same (`mapped_now`, PortMap.others) of the host ports it was just given: who else maps them. The
-sweep's own question, what of a dead attachment's leftovers someone else holds under host-local's locks, is
-claims.py's; both take a record's holdings from the sweep's one judgement (`sweep.judge`, `sweep.holdings`).
+asks the same (`mapped_now`, PortMap.others) of the host ports it was just given: who else maps them.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ if TYPE_CHECKING:
 
     from cni_reaper.reap.netfilter.iptables.rules import Rule, Table
     from cni_reaper.reap.netfilter.nftables.rules import NativeRule
-    from cni_reaper.state.store import Store
 
 PROTOCOLS = ("tcp", "udp", "sctp")
 IPTABLES_DNAT_CHAIN = "CNI-HOSTPORT-DNAT"
@@ -140,40 +137,7 @@ def _native_port_values(right: Any) -> list[int]:
     return []
 
 
-# -- who holds them now -------------------------------------------------------------------------------------
-class Holders:
-    """Who holds addresses now: records that are not dead (every life of them), and host-local's reservations
-    naming another container than `cid`, in the data directories given and those records name."""
-
-    def __init__(self, store: Store, cid: str, data_dirs: list[str], confs: dict[str, Any] | None = None,
-                 cache_dir: str = "/var/lib/cni") -> None:
-        from cni_reaper.reap.evidence import View
-        from cni_reaper.reap.hostlocal import NetworkDir, networks_in
-        from cni_reaper.reap.sweep import holdings
-
-        self.by_ip: dict[str, str] = {}
-        for k, addresses in holdings(store.records(), View(), confs or {}, cache_dir).items():
-            if k.container_id != cid:
-                for ip in addresses:  # as rules and journal items name them (a record written by hand may not)
-                    self.by_ip[address(ip) or ip] = f"the attachment {k.container_id} ({k.network})"
-        for d in dict.fromkeys(data_dirs):
-            for n in networks_in(d):
-                nd = NetworkDir(d, n)
-                try:
-                    for res in nd.all():
-                        if res.owner[0] != cid:
-                            self.by_ip.setdefault(res.ip, f"{res.owner[0]}, whose reservation it is ({d}/{n})")
-                finally:
-                    nd.close()
-
-    def of(self, addresses: set[str]) -> str | None:
-        """Why one of `addresses` may not be put back (None: no one else holds any)."""
-        for ip in sorted(addresses):
-            if ip in self.by_ip:
-                return f"{ip} is held by {self.by_ip[ip]}"
-        return None
-
-
+# -- who maps a host port now -----------------------------------------------------------------------------
 class Mapping(Value):
     """One host port a DNAT rule maps now, and the attachment its tag names: container ID ("" when no tag
     names one), network ("" when the rule does not say: portmap's native rules name only the container)."""

@@ -189,11 +189,11 @@ def cached_dead(conf: Any, recorded: set[tuple[str, str]], view: View) -> list[T
     clock moved); one left from before the boot, and their rules, are the orphan sweep's."""
     from cni_reaper.reap.targets import Expect, Target
 
-    by_container: dict[str, list[cache.Cached]] = {}
+    of_container: dict[str, list[cache.Cached]] = {}
     for e in cache.Results(conf.cniCacheDir).of_network(conf.name):
-        by_container.setdefault(e.container_id, []).append(e)
+        of_container.setdefault(e.container_id, []).append(e)
     out = []
-    for cid, entries in sorted(by_container.items()):
+    for cid, entries in sorted(of_container.items()):
         if not cid or (conf.name, cid) in recorded or not any(e.ips for e in entries):
             continue
         if judge_cached(entries, view)[0] != DEAD:

@@ -155,7 +155,7 @@ def judge(r: Record, view: View, s: RecordSettings | None, cache_dir: str, verdi
 
 def holdings(records: Iterable[Record], view: View, confs: dict[str, Any], cache_dir: str) -> dict[Key, set[str]]:
     """Who holds which addresses, as every sweep judges it (record key -> the addresses of its lives that are
-    not dead, _note_holdings): what undo may not put back (reap/holders.Holders). `confs` and `cache_dir`: as
+    not dead, _note_holdings): what undo may not put back (claims.Holdings). `confs` and `cache_dir`: as
     select's and list's (a record of cni-reaper 0.2 is judged with its network's settings)."""
     sel = Selection(view)
     for r in records:

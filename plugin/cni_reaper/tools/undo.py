@@ -28,7 +28,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cni_reaper.reap.holders import Holders, PortMap
+    from cni_reaper.reap.claims import Others
+    from cni_reaper.reap.holders import PortMap
     from cni_reaper.state.journal import Removed
     from cni_reaper.state.store import Store
 
@@ -69,8 +70,10 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
          cache_dir: str = "/var/lib/cni") -> Report:
     """Put back what the journal says was removed for `cid` (the caller holds the state lock). `confs` (network ->
     its configuration) and `cache_dir`: what the records are judged with, as `list` and the sweep judge them."""
-    from cni_reaper.reap.holders import Holders
+    from cni_reaper.reap.claims import Holdings
+    from cni_reaper.reap.evidence import View
     from cni_reaper.reap.hostlocal import locked_dirs, networks_in
+    from cni_reaper.reap.sweep import holdings
     from cni_reaper.state.journal import Journal
 
     report = Report()
@@ -81,7 +84,8 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
     # no address is given or taken on these networks from the look at who holds what to the last put-back
     # (host-local's locks, after the state lock, in the one order every clean-up takes them)
     with locked_dirs({(d, n) for d in dirs for n in networks_in(d)}, LOCK_TIMEOUT) as held:
-        _put_back(store, entries, Holders(store, cid, dirs, confs, cache_dir), report, dry_run, held)
+        now = Holdings(holdings(store.records(), View(), confs or {}, cache_dir), held.values())
+        _put_back(store, entries, now.others_than(cid), report, dry_run, held)
     if not dry_run:
         Journal(store).undone(f"undo-{cid}", [[e.event, e.index] for e, _ in report.restored],
                               [[e.event, e.index, why] for e, why in report.refused],
@@ -102,7 +106,7 @@ def _data_dirs(store: Store, given: list[str], entries: list[Removed]) -> list[s
     return list(dict.fromkeys([*given, *DEFAULT_IPAM_DIRS, *named]))
 
 
-def _put_back(store: Store, entries: list[Removed], holders: Holders, report: Report, dry_run: bool,
+def _put_back(store: Store, entries: list[Removed], holders: Others, report: Report, dry_run: bool,
               held: dict[Any, Any]) -> None:
     """Each sound journal item put back as its kind is (or refused, with the reason), against `holders` and
     the host ports every world maps now."""
@@ -191,7 +195,7 @@ def damaged(item: dict[str, Any]) -> str | None:
 
 
 # -- reservations -----------------------------------------------------------------------------------
-def _reservations(entries: list[Removed], holders: Holders, report: Report, dry_run: bool,
+def _reservations(entries: list[Removed], holders: Others, report: Report, dry_run: bool,
                   locked: dict[Any, Any]) -> None:
     """`locked`: host-local's directories locked for the whole undo, by (data dir, network)."""
     from cni_reaper.reap.hostlocal import NetworkDir
@@ -242,7 +246,7 @@ def _write_reservation(d: Any, it: dict[str, Any]) -> None:
 
 
 # -- iptables ------------------------------------------------------------------------------------------
-def _iptables(entries: list[Removed], holders: Holders, ports: PortMap, report: Report, dry_run: bool) -> None:
+def _iptables(entries: list[Removed], holders: Others, ports: PortMap, report: Report, dry_run: bool) -> None:
     groups: dict[tuple[int, str], list[Removed]] = {}
     for e in entries:
         groups.setdefault((e.item["family"], e.item["flavour"]), []).append(e)
@@ -253,7 +257,7 @@ def _iptables(entries: list[Removed], holders: Holders, ports: PortMap, report: 
 class _Checks:
     """What a put-back is checked against: who holds addresses, and who maps host ports in every world."""
 
-    def __init__(self, holders: Holders, ports: PortMap) -> None:
+    def __init__(self, holders: Others, ports: PortMap) -> None:
         self.holders, self.ports = holders, ports
 
 
@@ -384,7 +388,7 @@ def _target(chain: str, spec: str) -> str | None:
 
 
 # -- native nftables, libcni's cache, the record -----------------------------------------------------------
-def _native(entries: list[Removed], holders: Holders, ports: PortMap, report: Report, dry_run: bool) -> None:
+def _native(entries: list[Removed], holders: Others, ports: PortMap, report: Report, dry_run: bool) -> None:
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.nftables.backend import NftBackend
 
@@ -424,7 +428,7 @@ def _add_native(nft: Any, adds: list[NativeOp], entries: list[Removed], report: 
         report.failed(entries, f"nft: {exc}")
 
 
-def _native_verdict(rule: dict[str, Any], holders: Holders, ports: Any, now: set[str]) -> tuple[str, str]:
+def _native_verdict(rule: dict[str, Any], holders: Others, ports: Any, now: set[str]) -> tuple[str, str]:
     """("add", ""), ("there", why) or ("no", why) for one journaled native rule, against the rules there now."""
     from cni_reaper.reap.holders import native_addresses, native_ports
     from cni_reaper.reap.netfilter.nftables.rules import DNAT_CHAINS, parse_rule
@@ -452,7 +456,7 @@ def _native_key(rule: dict[str, Any]) -> str:
                          rule.get("comment")])
 
 
-def _cache(entries: list[Removed], holders: Holders, report: Report, dry_run: bool) -> None:
+def _cache(entries: list[Removed], holders: Others, report: Report, dry_run: bool) -> None:
     from cni_reaper import jsonio
     from cni_reaper.reap import cache
 
@@ -468,10 +472,10 @@ def _cache(entries: list[Removed], holders: Holders, report: Report, dry_run: bo
         if current != _forgotten(original, released):
             report.no(e, f"libcni's cached result {it['entry']} was rewritten since (a newer life)")
             continue
-        taken = sorted(ip for ip in released if ip in holders.by_ip)
+        taken = holders.of(released)
         if taken:  # the runtime hands the cached result to a later DEL: its plugins would remove the holder's rules
-            report.no(e, f"libcni's cached result {it['entry']} would name {taken[0]} again, held by "
-                         f"{holders.by_ip[taken[0]]} now (a later DEL of this attachment would remove its rules)")
+            report.no(e, f"libcni's cached result {it['entry']} would name an address again that is not its own "
+                         f"now: {taken} (a later DEL of this attachment would remove its rules)")
             continue
         if not dry_run and not cache.put_back(it["cacheDir"], it["entry"], it["content"]):
             report.no(e, f"libcni's cached result {it['entry']} could not be written")
