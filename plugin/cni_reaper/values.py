@@ -57,6 +57,9 @@ class Key(_Triple):
     def __new__(cls, network: str, container_id: str, ifname: str) -> Key:
         return tuple.__new__(cls, (network, container_id, ifname))
 
+    def __getnewargs__(self) -> tuple[str, str, str]:  # copy and pickle make it again from its parts
+        return (self[0], self[1], self[2])
+
     @property
     def network(self) -> str:
         return self[0]

@@ -208,6 +208,28 @@ def test_who_holds_what_is_judged_in_one_place():
     assert "HOLDING" in _names_used(MODULES["cni_reaper.reap.sweep"])  # the check reads what it is to catch
 
 
+# Who holds an address or a reservation (issue 32, item 2) is answered by reap/claims.Holdings alone: the sweep,
+# GC, orphans and a DEL's clean-up ask it through Claims, undo through Holdings.others_than. No other module reads
+# host-local's reservations whole (NetworkDir.all) but two that find candidates the claims then judge, nor keeps
+# tables of holders of its own.
+HOLDINGS_TABLES = {"by_ip", "holder_ips", "unread_ips", "by_container", "holder_containers"}
+READ_WHOLE = {"cni_reaper.reap.claims", "cni_reaper.reap.hostlocal",  # the holdings; host-local's own reader
+              "cni_reaper.reap.orphans"}  # GC's reservations its runtime does not name: targets for the claims
+
+
+def _all_calls(path: Path) -> list[int]:
+    return [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr == "all" and not n.args]
+
+
+def test_who_holds_an_address_or_a_reservation_is_answered_in_one_place():
+    tables = {m: sorted(_names_used(p) & HOLDINGS_TABLES) for m, p in MODULES.items() if m != "cni_reaper.reap.claims"}
+    assert {m: t for m, t in tables.items() if t} == {}
+    readers = {m: _all_calls(p) for m, p in MODULES.items() if m not in READ_WHOLE}
+    assert {m: lines for m, lines in readers.items() if lines} == {}
+    assert _all_calls(MODULES["cni_reaper.reap.claims"]) and "by_ip" in _names_used(MODULES["cni_reaper.reap.claims"])
+
+
 def test_an_attachments_key_is_read_by_name_never_by_position():
     """(network, container ID, ifname) crosses modules as values.Key: `x.key.network`, never `x.key[0]`."""
     found = []
@@ -221,3 +243,8 @@ def test_an_attachments_key_is_read_by_name_never_by_position():
     k = Key("nomad", "alloc-1", "eth0")
     assert (k.network, k.container_id, k.ifname, k.owner) == ("nomad", "alloc-1", "eth0", ("nomad", "alloc-1"))
     assert k == ("nomad", "alloc-1", "eth0") and hash(k) == hash(("nomad", "alloc-1", "eth0"))
+    import copy
+    import pickle
+
+    for again in (copy.copy(k), copy.deepcopy(k), pickle.loads(pickle.dumps(k))):
+        assert type(again) is Key and again == k and again.container_id == "alloc-1"
