@@ -277,6 +277,32 @@ def test_a_look_that_loses_the_race_to_free_a_port_does_not_say_the_dead_dnat_st
     assert sb.residue(NETWORK, old, []) == []
 
 
+IN_PROCESS = """#!{python}
+import os, sys
+from cni_reaper.cni.shell import main_cni
+from cni_reaper.verbs.dispatch import dispatch
+sys.exit(main_cni(os.environ, dispatch))
+"""
+
+
+def test_an_add_whose_look_cannot_be_detached_looks_once_its_state_lock_is_let_go(tmp_path, flavour):
+    """The verbs run in a process that keeps no work for later (cni-reaper's own entry point is not the one
+    that runs them): the look runs at once, after the ADD lets go of its state lock, and frees the port. (A
+    review found it ran inside that lock, waited lockTimeout for it and gave up: the port stayed shadowed.)"""
+    exe = tmp_path / "cni-reaper-in-process"
+    exe.write_text(IN_PROCESS.format(python=sys.executable))
+    exe.chmod(0o755)
+    with open_sandbox(tmp_path / "sb", flavour, str(exe), Stack("1.9", "go-cni-1.1.13")) as sb:
+        reaper = sb.conflist()
+        old, old_ips = restored_after_its_del(sb, reaper, 8080)
+        new, netns_new = unique("new-"), sb.container()
+        assert ips_of(sb.driver("add", new, netns_new, ("8080:80/tcp",), reaper))
+        lines = [json.loads(line) for line in sb.log_file.read_text().splitlines()]
+        assert any(line["msg"].startswith("host port freed") and line["freedFrom"] == old for line in lines), lines[-3:]
+        assert sb.residue(NETWORK, old, old_ips) == []
+        assert sb.reach(netns_new, HOST_IP, 8080, "NEW") == "NEW"
+
+
 @pytest.fixture
 def native(tmp_path, flavour, package_exe):
     with open_sandbox(tmp_path, flavour, package_exe, Stack("1.9", "go-cni-1.1.13")) as sandbox:
