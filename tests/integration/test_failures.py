@@ -155,3 +155,53 @@ def test_a_hanging_nft_does_not_stall_an_add_that_maps_host_ports(sandbox):
         fake.unlink()
     lines = [json.loads(l) for l in sandbox.log_file.read_text().splitlines()]
     assert any(l["msg"].startswith("who else maps this allocation's host ports cannot be read") for l in lines)
+
+
+def test_a_tool_that_hangs_under_host_locals_lock_holds_another_allocations_add_only_briefly(sandbox):
+    """A sweep (here the operator's) holds host-local's lock of the network, and cni-reaper's state lock,
+    while its netfilter tools run; every other allocation's host-local waits for the first (it has no
+    timeout), and its cni-reaper waits lockTimeout (10 s) for the second. An `nft` that hangs there is
+    stopped within the clean-up's time under those locks (processes.bounded: at most 5 s, and half of
+    lockTimeout), so the other ADD succeeds while the tool would still hang. (Before, each tool had 30 s,
+    and the clean-up ran several: the other ADD waited for them all, then failed with code 11.)"""
+    import threading
+
+    dead, _, dead_ips = dead_attachment(sandbox)
+    gate, started = sandbox.root / "gate", sandbox.root / "nft-started"
+    real_nft = sandbox.run(["sh", "-c", "command -v nft"], check=True).stdout.strip()
+    stand_in = sandbox.root / "stand-in"
+    stand_in.mkdir()
+    (stand_in / "nft").write_text(f'#!/bin/sh\necho $$ >> "{started}"\n'
+                                  f'while [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{real_nft}" "$@"\n')
+    (stand_in / "nft").chmod(0o755)
+    path = f"{stand_in}:{sandbox.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"
+    swept = {}
+
+    def operator_sweep():
+        swept["proc"] = sandbox.run([str(sandbox.plugin_dir / "cni-reaper"), "sweep", "--apply", "--cni-conf-dir",
+                                     str(sandbox.root / "none")], env={"PATH": path})
+
+    opener = threading.Timer(25, gate.touch)  # long after the bound: then the tool answers in any case
+    sweep = threading.Thread(target=operator_sweep)
+    sweep.start()
+    try:
+        for _ in range(3000):
+            if started.exists() or not sweep.is_alive():
+                break
+            threading.Event().wait(0.01)
+        assert started.exists(), swept
+        opener.start()
+        cid, netns = unique("beside-"), sandbox.container()
+        proc = sandbox.driver("add", cid, netns, ())
+        assert proc.returncode == 0, proc.stderr
+        assert not gate.exists(), "the ADD waited until the hung tool was let go"
+    finally:
+        gate.touch()
+        opener.cancel()
+        sweep.join()
+    out = swept["proc"]
+    assert "a clean-up may hold host-local's locks" in out.stdout + out.stderr + sandbox.log_file.read_text(), (
+        out.stdout + out.stderr)
+    assert sandbox.driver("del", cid, netns, ()).returncode == 0
+    sandbox.status()
+    assert sandbox.residue("nomad-reaper", dead, dead_ips) == []

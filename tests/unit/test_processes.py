@@ -158,3 +158,16 @@ def test_the_wrapper_reads_the_real_plugins_status_and_leaves_it_sigchld_as_the_
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     code, ignored = proc.stdout.split()
     assert code == "0" and int(ignored, 16) & (1 << (17 - 1)), proc.stdout + proc.stderr  # SIGCHLD is 17
+
+
+def test_a_bounded_section_ends_every_tool_in_it_by_its_end_and_starts_none_after():
+    """What a clean-up runs under host-local's locks (processes.bounded): a tool that hangs is killed at the
+    section's end, not at its own timeout; once the time is spent no tool starts; outside, the own timeout."""
+    with tools.bounded(0.5, "of the test"):
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="within the 0.5 s of the test"):
+            tools.run([SH, "-c", "exec sleep 30"], timeout=30)
+        assert time.monotonic() - t0 < 20  # the section's end, not the tool's own 30 s
+        with pytest.raises(TimeoutError, match="not started: no time was left"):
+            tools.run([SH, "-c", "exit 0"])
+    assert tools.run([SH, "-c", "exit 0"]).code == 0 and tools._BOUNDS == []

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
+_BOUNDS: list[tuple[float, str]] = []  # (end, what it bounds) of each `bounded` section this process is in
 _IN = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
@@ -40,20 +41,39 @@ def run(argv: list[str], stdin: str | None = None, timeout: float = 30.0) -> Fin
     return run_all([argv], [stdin], timeout)[0]
 
 
+class bounded:  # lower case: used as a function, `with bounded(seconds, what):`
+    """Every tool run inside it ends within `seconds` of its start, whatever its own timeout (TimeoutError
+    once the time is spent): what a clean-up runs while it holds host-local's locks, which every other
+    allocation of the network waits for (a tool that hangs there would stall them for its whole timeout)."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds, self.what = seconds, what
+
+    def __enter__(self) -> None:
+        _BOUNDS.append((time.monotonic() + self.seconds, f"within the {self.seconds:g} s {self.what}"))
+
+    def __exit__(self, *exc: object) -> None:
+        _BOUNDS.pop()
+
+
 def run_all(argvs: list[list[str]], stdins: list[str | None] | None = None, timeout: float = 30.0) -> list[Finished]:
     """Run the tools at the same time; their results in order (the errors as run's)."""
     _reap_own_children()
     env = dict(os.environ, LC_ALL="C")
-    deadline = time.monotonic() + timeout
+    deadline, within = time.monotonic() + timeout, f"within {timeout:g} s"
+    if _BOUNDS and min(_BOUNDS)[0] < deadline:
+        deadline, within = min(_BOUNDS)
+        if deadline <= time.monotonic():
+            raise TimeoutError(f"not started: no time was left {within}")
     started: list[tuple[int, int, int]] = []  # pid, stdout, stderr
     try:
         for argv, stdin in zip(argvs, stdins or [None] * len(argvs)):
             _start(argv, None if stdin is None else stdin.encode("utf-8", "surrogateescape"), env, started)
-        texts = _drain([fd for _, out, err in started for fd in (out, err)], deadline, timeout)
+        texts = _drain([fd for _, out, err in started for fd in (out, err)], deadline, within)
         results = []
         for k, (pid, out, err) in enumerate(started):
             _close(out, err)
-            status = _wait(pid, deadline, timeout)
+            status = _wait(pid, deadline, within)
             results.append(Finished(os.waitstatus_to_exitcode(status), texts[2 * k], texts[2 * k + 1]))
         started = []
         return results
@@ -77,7 +97,7 @@ def _reap_own_children() -> None:
             pass
 
 
-def _wait(pid: int, deadline: float, timeout: float) -> int:
+def _wait(pid: int, deadline: float, within: str) -> int:
     """The tool's exit status, once it has closed its output: at once as a rule; a tool that lives on after
     it (it closed its pipes and went on) is waited for until the deadline (TimeoutError: the caller kills)."""
     pause = 0.0005
@@ -86,7 +106,7 @@ def _wait(pid: int, deadline: float, timeout: float) -> int:
         if done:
             return status
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"no exit within {timeout:g} s")
+            raise TimeoutError(f"no exit {within}")
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
 
@@ -159,7 +179,7 @@ def _close(*fds: int) -> None:
             pass
 
 
-def _drain(fds: list[int], deadline: float, timeout: float) -> list[str]:
+def _drain(fds: list[int], deadline: float, within: str) -> list[str]:
     """Everything each pipe gives until its end, all read side by side (TimeoutError at the deadline)."""
     chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
     poller: Any = select.poll()
@@ -169,7 +189,7 @@ def _drain(fds: list[int], deadline: float, timeout: float) -> list[str]:
     while left_open:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"no answer within {timeout:g} s")
+            raise TimeoutError(f"no answer {within}")
         for fd, _ in poller.poll(left * 1000):
             data = os.read(fd, 1 << 16)
             if data:
