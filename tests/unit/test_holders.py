@@ -117,3 +117,21 @@ def test_a_journaled_native_rule_broader_than_the_plugins_make_is_not_put_back(m
                 "what": "x"}
         undo._native([Removed({"id": "e"}, i, item)], Nobody(), PortMap(), report, dry_run=False)
     assert added == [] and len(report.refused) == 2 and all(why == undo.BROADER for _, why in report.refused)
+
+
+def test_a_second_look_that_fails_is_tried_once_for_all_the_clashes_and_each_warns():
+    """orphans.report reads the tables again before it says another's DNAT stays: once for every clash (a
+    reader that fails is not asked again per clash, each then a table read of its own)."""
+    from cni_reaper.reap.holders import HostPort, Mapping
+    from cni_reaper.reap.orphans import Shadows, report
+
+    shadows = Shadows()
+    shadows.clashes = [Mapping(HostPort("tcp", p), f"other-{p}", "nomad") for p in (8080, 8081, 8082)]
+    asked = []
+
+    def look_again():
+        asked.append(1)
+        raise OSError("no nft")
+
+    report(shadows, None, "mine", look_again)
+    assert asked == [1]

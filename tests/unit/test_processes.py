@@ -165,7 +165,7 @@ def test_a_bounded_section_ends_every_tool_in_it_by_its_end_and_starts_none_afte
     section's end, not at its own timeout; once the time is spent no tool starts; outside, the own timeout."""
     with tools.bounded(0.5, "of the test"):
         t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match="within the 0.5 s of the test"):
+        with pytest.raises(TimeoutError, match=r"within the 0\.5 s of the test"):
             tools.run([SH, "-c", "exec sleep 30"], timeout=30)
         assert time.monotonic() - t0 < 20  # the section's end, not the tool's own 30 s
         with pytest.raises(TimeoutError, match="not started: no time was left"):
