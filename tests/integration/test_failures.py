@@ -205,3 +205,46 @@ def test_a_tool_that_hangs_under_host_locals_lock_holds_another_allocations_add_
     assert sandbox.driver("del", cid, netns, ()).returncode == 0
     sandbox.status()
     assert sandbox.residue("nomad-reaper", dead, dead_ips) == []
+
+
+def test_a_tool_that_hangs_while_gc_holds_the_state_lock_does_not_fail_an_add_beside_it(tmp_path, flavour, package_exe):
+    """GC reads the plugins' tags and cleans under cni-reaper's state lock, which every allocation's
+    cni-reaper waits for (lockTimeout, 10 s, then CNI error 11): an `nft` that hangs in GC is stopped within a
+    clean-up's time under a lock others wait for, and the ADD beside it succeeds while the tool still hangs
+    (before: 30 s per tool, and the ADD failed with code 11)."""
+    import threading
+
+    from testkit.sandbox import Stack, open_sandbox
+
+    with open_sandbox(tmp_path, flavour, package_exe, Stack("1.9", "go-cni-1.1.13")) as sb:
+        live, live_ns = unique("live-"), sb.container()
+        ips_of(sb.driver("add", live, live_ns, ()))
+        gate, started, stand_in = sb.root / "gate", sb.root / "nft-started", sb.root / "stand-in"
+        real_nft = sb.run(["sh", "-c", "command -v nft"], check=True).stdout.strip()
+        stand_in.mkdir()
+        (stand_in / "nft").write_text(  # GC's nft waits at the gate; everyone else's runs at once
+            f'#!/bin/sh\nif [ "$CNI_COMMAND" = GC ]; then echo $$ >> "{started}"\n'
+            f'while [ ! -e "{gate}" ]; do sleep 0.05; done; fi\nexec "{real_nft}" "$@"\n')
+        (stand_in / "nft").chmod(0o755)
+        sb.extra_env["PATH"] = f"{stand_in}:{sb.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"
+        done = {}
+        gc = threading.Thread(target=lambda: done.update(gc=sb.driver("gc", valid=(f"{live}:eth0",))))
+        opener = threading.Timer(25, gate.touch)  # long after the bound: the tool answers in any case
+        gc.start()
+        try:
+            for _ in range(3000):
+                if started.exists() or not gc.is_alive():
+                    break
+                threading.Event().wait(0.01)
+            assert started.exists(), done
+            opener.start()
+            beside = sb.driver("add", unique("beside-"), sb.container(), ())
+            assert beside.returncode == 0, beside.stderr
+            assert not gate.exists(), "the ADD waited until the hung tool was let go"
+        finally:
+            gate.touch()
+            opener.cancel()
+            gc.join()
+        assert done["gc"].returncode == 0, done["gc"].stderr
+        del sb.extra_env["PATH"]
+        assert "GC may hold the state lock" in sb.log_file.read_text()

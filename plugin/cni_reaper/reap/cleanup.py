@@ -31,12 +31,6 @@ from cni_reaper.reap.outcome import Outcome
 from cni_reaper.reap.targets import NETFILTER_PARTS, Target
 
 APPLY_ATTEMPTS = 3
-# how long the netfilter tools of one clean-up may run while it holds host-local's locks, all told (and at most
-# half the lock timeout): another allocation's host-local waits for those locks (it has no timeout of its own)
-# and its cni-reaper for the state lock (lockTimeout, 10 s by default, then CNI error 11), so a tool that hangs
-# there is stopped by then and the clean-up retried by a later call. The netfilter part of a sweep of 1,000
-# dead attachments takes about 1 s here (docs/performance.md); each tool's own timeout is 30 s.
-UNDER_LOCKS_SECONDS = 5.0
 
 
 class CleanupOptions:
@@ -75,7 +69,7 @@ def clean(targets: list[Target], holders: dict[Key, set[str]], settings: Cleanup
             try:
                 claims = Claims(targets, holders, [*dirs.values(), *others])
                 narrowed, protected = _narrow(targets, claims, outcome)
-                bound = min(UNDER_LOCKS_SECONDS, settings.lock_timeout / 2)
+                bound = min(processes.UNDER_LOCKS_SECONDS, settings.lock_timeout / 2)
                 with processes.bounded(bound, "a clean-up may hold host-local's locks"):
                     _clean_netfilter(narrowed, protected, settings, outcome)
                 _clear_conntrack(narrowed, protected, outcome, settings)

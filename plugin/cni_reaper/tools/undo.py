@@ -71,7 +71,6 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
     """Put back what the journal says was removed for `cid` (the caller holds the state lock). `confs` (network ->
     its configuration) and `cache_dir`: what the records are judged with, as `list` and the sweep judge them."""
     from cni_reaper.reap.claims import Holdings
-    from cni_reaper.reap.cleanup import UNDER_LOCKS_SECONDS
     from cni_reaper.reap.evidence import View
     from cni_reaper.reap.hostlocal import locked_dirs, networks_in
     from cni_reaper.reap.netfilter import processes
@@ -87,7 +86,7 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
     # (host-local's locks, after the state lock, in the one order every clean-up takes them)
     # (and the tools it runs meanwhile have the time a clean-up has under those locks: others wait for them)
     with locked_dirs({(d, n) for d in dirs for n in networks_in(d)}, LOCK_TIMEOUT) as held, \
-            processes.bounded(UNDER_LOCKS_SECONDS, "an undo may hold host-local's locks"):
+            processes.bounded(processes.UNDER_LOCKS_SECONDS, "an undo may hold host-local's locks"):
         now = Holdings(holdings(store.records(), View(), confs or {}, cache_dir), held.values())
         _put_back(store, entries, now.others_than(cid), report, dry_run, held)
     if not dry_run:

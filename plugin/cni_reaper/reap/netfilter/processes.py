@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 
 _DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
 _BOUNDS: list[tuple[float, str]] = []  # (end, what it bounds) of each `bounded` section this process is in
+# how long the netfilter tools may run, all told, while cni-reaper holds a lock others wait for: host-local's
+# lock of a network (a clean-up, undo; another allocation's host-local waits for it, with no timeout of its own)
+# or its state lock (a sweep's look at the plugins' tags; another allocation's cni-reaper waits lockTimeout, 10 s
+# by default, then answers CNI error 11). A tool that hangs there is stopped by then and a later call retries.
+# The netfilter part of a sweep of 1,000 dead attachments takes about 1 s here (docs/performance.md); each
+# tool's own timeout is 30 s.
+UNDER_LOCKS_SECONDS = 5.0
 _IN = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
