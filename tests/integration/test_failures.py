@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from testkit.sandbox import ips_of, unique
+from testkit.sandbox import HungNft, Stack, ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 
@@ -158,51 +158,23 @@ def test_a_hanging_nft_does_not_stall_an_add_that_maps_host_ports(sandbox):
 
 
 def test_a_tool_that_hangs_under_host_locals_lock_holds_another_allocations_add_only_briefly(sandbox):
-    """A sweep (here the operator's) holds host-local's lock of the network, and cni-reaper's state lock,
-    while its netfilter tools run; every other allocation's host-local waits for the first (it has no
-    timeout), and its cni-reaper waits lockTimeout (10 s) for the second. An `nft` that hangs there is
-    stopped within the clean-up's time under those locks (processes.bounded: at most 5 s, and half of
-    lockTimeout), so the other ADD succeeds while the tool would still hang. (Before, each tool had 30 s,
-    and the clean-up ran several: the other ADD waited for them all, then failed with code 11.)"""
-    import threading
-
-    dead, _, dead_ips = dead_attachment(sandbox)
-    gate, started = sandbox.root / "gate", sandbox.root / "nft-started"
-    real_nft = sandbox.run(["sh", "-c", "command -v nft"], check=True).stdout.strip()
-    stand_in = sandbox.root / "stand-in"
-    stand_in.mkdir()
-    (stand_in / "nft").write_text(f'#!/bin/sh\necho $$ >> "{started}"\n'
-                                  f'while [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{real_nft}" "$@"\n')
-    (stand_in / "nft").chmod(0o755)
-    path = f"{stand_in}:{sandbox.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"
-    swept = {}
-
-    def operator_sweep():
-        swept["proc"] = sandbox.run([str(sandbox.plugin_dir / "cni-reaper"), "sweep", "--apply", "--cni-conf-dir",
-                                     str(sandbox.root / "none")], env={"PATH": path})
-
-    opener = threading.Timer(25, gate.touch)  # long after the bound: then the tool answers in any case
-    sweep = threading.Thread(target=operator_sweep)
-    sweep.start()
-    try:
-        for _ in range(3000):
-            if started.exists() or not sweep.is_alive():
-                break
-            threading.Event().wait(0.01)
-        assert started.exists(), swept
-        opener.start()
-        cid, netns = unique("beside-"), sandbox.container()
-        proc = sandbox.driver("add", cid, netns, ())
-        assert proc.returncode == 0, proc.stderr
-        assert not gate.exists(), "the ADD waited until the hung tool was let go"
-    finally:
-        gate.touch()
-        opener.cancel()
-        sweep.join()
-    out = swept["proc"]
-    assert "a clean-up may hold host-local's locks" in out.stdout + out.stderr + sandbox.log_file.read_text(), (
-        out.stdout + out.stderr)
-    assert sandbox.driver("del", cid, netns, ()).returncode == 0
+    """A DEL's clean-up holds host-local's lock of the network, and cni-reaper's state lock, while its
+    netfilter tools run; every other allocation's host-local waits for the first (it has no timeout), and its
+    cni-reaper waits lockTimeout (10 s) for the second. An `nft` that hangs there is stopped within the
+    clean-up's time under those locks (processes.bounded: at most 5 s, and half of lockTimeout), so the other
+    ADD succeeds while the tool would still hang; the DEL succeeds too and a later call finishes its job.
+    (Before, each tool had 30 s, and the clean-up ran several: the other ADD waited for them all.)"""
+    dead, netns_dead, dead_ips = dead_attachment(sandbox)
+    # the first nft run hangs (the sweep of the DEL's call, or of the STATUS a runtime calls before it); the rest
+    # run at once
+    hung = HungNft(sandbox, only_if=f'mkdir "{sandbox.root}/nft-once" 2>/dev/null')
+    sandbox.extra_env["PATH"] = hung.path
+    cid, netns = unique("beside-"), sandbox.container()
+    deleted, added = hung.beside(lambda: sandbox.driver("del", dead, netns_dead, ("8080:80/tcp",)),
+                                 lambda: sandbox.driver("add", cid, netns, ()))
+    del sandbox.extra_env["PATH"]
+    assert added.returncode == 0 and deleted.returncode == 0, (added.stderr, deleted.stderr)
+    assert "a clean-up may hold host-local's locks" in sandbox.log_file.read_text()
     sandbox.status()
     assert sandbox.residue("nomad-reaper", dead, dead_ips) == []
 
@@ -212,39 +184,13 @@ def test_a_tool_that_hangs_while_gc_holds_the_state_lock_does_not_fail_an_add_be
     cni-reaper waits for (lockTimeout, 10 s, then CNI error 11): an `nft` that hangs in GC is stopped within a
     clean-up's time under a lock others wait for, and the ADD beside it succeeds while the tool still hangs
     (before: 30 s per tool, and the ADD failed with code 11)."""
-    import threading
-
-    from testkit.sandbox import Stack, open_sandbox
-
     with open_sandbox(tmp_path, flavour, package_exe, Stack("1.9", "go-cni-1.1.13")) as sb:
         live, live_ns = unique("live-"), sb.container()
         ips_of(sb.driver("add", live, live_ns, ()))
-        gate, started, stand_in = sb.root / "gate", sb.root / "nft-started", sb.root / "stand-in"
-        real_nft = sb.run(["sh", "-c", "command -v nft"], check=True).stdout.strip()
-        stand_in.mkdir()
-        (stand_in / "nft").write_text(  # GC's nft waits at the gate; everyone else's runs at once
-            f'#!/bin/sh\nif [ "$CNI_COMMAND" = GC ]; then echo $$ >> "{started}"\n'
-            f'while [ ! -e "{gate}" ]; do sleep 0.05; done; fi\nexec "{real_nft}" "$@"\n')
-        (stand_in / "nft").chmod(0o755)
-        sb.extra_env["PATH"] = f"{stand_in}:{sb.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"
-        done = {}
-        gc = threading.Thread(target=lambda: done.update(gc=sb.driver("gc", valid=(f"{live}:eth0",))))
-        opener = threading.Timer(25, gate.touch)  # long after the bound: the tool answers in any case
-        gc.start()
-        try:
-            for _ in range(3000):
-                if started.exists() or not gc.is_alive():
-                    break
-                threading.Event().wait(0.01)
-            assert started.exists(), done
-            opener.start()
-            beside = sb.driver("add", unique("beside-"), sb.container(), ())
-            assert beside.returncode == 0, beside.stderr
-            assert not gate.exists(), "the ADD waited until the hung tool was let go"
-        finally:
-            gate.touch()
-            opener.cancel()
-            gc.join()
-        assert done["gc"].returncode == 0, done["gc"].stderr
+        hung = HungNft(sb, only_if='[ "$CNI_COMMAND" = GC ]')  # GC's nft hangs; everyone else's runs at once
+        sb.extra_env["PATH"] = hung.path
+        gc, added = hung.beside(lambda: sb.driver("gc", valid=(f"{live}:eth0",)),
+                                lambda: sb.driver("add", unique("beside-"), sb.container(), ()))
+        assert added.returncode == 0 and gc.returncode == 0, (added.stderr, gc.stderr)
         del sb.extra_env["PATH"]
         assert "GC may hold the state lock" in sb.log_file.read_text()

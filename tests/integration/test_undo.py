@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from testkit.sandbox import Held, Stack, add_stall_plugin, flavour_bin_dir, ips_of, open_sandbox, unique
+from testkit.sandbox import Held, HungNft, Stack, add_stall_plugin, flavour_bin_dir, ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 NET = "nomad-reaper"
@@ -513,40 +513,17 @@ def test_a_tool_that_hangs_while_undo_holds_host_locals_locks_is_stopped_at_the_
     every allocation of those networks waits for it: an `nft` that hangs meanwhile is stopped within the time
     a clean-up has under those locks (processes.bounded), and what it would have said is not known, so nothing
     that maps a host port is put back and undo says why; another allocation's ADD beside it succeeds."""
-    import threading
-
     with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
         conflist = sb.conflist()
         dead, ns = unique("alloc-"), sb.container()
         ips_of(sb.driver("add", dead, ns, PORTS, conflist))
         sb.remove_container(ns)
         assert cli(sb, "sweep", "--apply").returncode == 0
-        gate, started, stand_in = sb.root / "gate", sb.root / "nft-started", sb.root / "stand-in"
-        real_nft = sb.run(["sh", "-c", "command -v nft"], check=True).stdout.strip()
-        stand_in.mkdir()
-        (stand_in / "nft").write_text(f'#!/bin/sh\necho $$ >> "{started}"\n'
-                                      f'while [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{real_nft}" "$@"\n')
-        (stand_in / "nft").chmod(0o755)
-        env = {"PATH": f"{stand_in}:{sb.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
-        done = {}
-        undo = threading.Thread(target=lambda: done.update(out=sb.run(
-            [str(sb.plugin_dir / "cni-reaper"), "undo", dead, "--cni-conf-dir", str(sb.root / "none")], env=env)))
-        opener = threading.Timer(25, gate.touch)  # long after the bound: the tool answers in any case
-        undo.start()
-        try:
-            for _ in range(3000):
-                if started.exists() or not undo.is_alive():
-                    break
-                threading.Event().wait(0.01)
-            assert started.exists(), done
-            opener.start()
-            beside = sb.driver("add", unique("beside-"), sb.container(), (), conflist)
-            assert beside.returncode == 0, beside.stderr
-            assert not gate.exists(), "the ADD waited until the hung tool was let go"
-        finally:
-            gate.touch()
-            opener.cancel()
-            undo.join()
-        out = done["out"]
+        hung = HungNft(sb)
+        out, beside = hung.beside(
+            lambda: sb.run([str(sb.plugin_dir / "cni-reaper"), "undo", dead, "--cni-conf-dir", str(sb.root / "none")],
+                           env={"PATH": hung.path}),
+            lambda: sb.driver("add", unique("beside-"), sb.container(), (), conflist))
+        assert beside.returncode == 0, beside.stderr
         assert "an undo may hold host-local's locks" in out.stdout, out.stdout + out.stderr
         assert not [l for l in sb.tables().splitlines() if "8080" in l and dead in l], out.stdout

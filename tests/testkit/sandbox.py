@@ -723,3 +723,41 @@ class Held:
         (self.dir / f"{self.cid}.go").touch()
         out, err = self.proc.communicate(timeout=120)
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+
+class HungNft:
+    """An `nft` first on `path` that, when the shell test `only_if` holds in its environment, says it started
+    and waits at a gate before it runs the real one: a tool that hangs while cni-reaper holds a lock others
+    wait for. `beside(start, other)`: `start` runs in a thread; once the tool hangs, `other` runs, and must be
+    done while the tool still hangs (the gate opens by itself 25 s later, long after any bound of cni-reaper's,
+    and at the end in any case); `start`'s result is returned with `other`'s."""
+
+    def __init__(self, sb: Sandbox, only_if: str = "true") -> None:
+        self.gate, self.started, stand_in = sb.root / "nft-gate", sb.root / "nft-started", sb.root / "hung-nft"
+        real = sb.run(["sh", "-c", "command -v nft"], check=True).stdout.strip()
+        stand_in.mkdir(exist_ok=True)
+        (stand_in / "nft").write_text(f'#!/bin/sh\nif {only_if}; then echo $$ >> "{self.started}"\n'
+                                      f'while [ ! -e "{self.gate}" ]; do sleep 0.05; done; fi\nexec "{real}" "$@"\n')
+        (stand_in / "nft").chmod(0o755)
+        self.path = f"{stand_in}:{sb.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"
+
+    def beside(self, start, other) -> tuple:
+        import threading
+
+        done: dict[str, object] = {}
+        first = threading.Thread(target=lambda: done.update(first=start()))
+        opener = threading.Timer(25, self.gate.touch)
+        first.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not self.started.exists() and first.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert self.started.exists(), f"the tool was never run: {done}"
+            opener.start()
+            out = other()
+            assert not self.gate.exists(), "it waited until the hung tool was let go"
+        finally:
+            self.gate.touch()
+            opener.cancel()
+            first.join()
+        return done["first"], out
