@@ -65,6 +65,15 @@ def without(sb, st: tuple, newcomer: tuple[str, list[str]] | None) -> tuple:
             {k: v for k, v in st[2].items() if cid not in v})
 
 
+def swept_dead(sb, conflist, ports=None) -> tuple[str, list[str]]:
+    """An allocation added, its netns removed, and swept by the operator: its container ID and addresses."""
+    cid, ns = unique("alloc-"), sb.container()
+    ips = ips_of(sb.driver("add", cid, ns, PORTS if ports is None else ports, conflist))
+    sb.remove_container(ns)
+    assert cli(sb, "sweep", "--apply").returncode == 0
+    return cid, ips
+
+
 CLEANERS = ["del", "add", "status", "cli"]
 
 
@@ -145,10 +154,7 @@ def test_a_damaged_journal_puts_back_nothing_of_a_damaged_item_and_says_so(tmp_p
     is damaged and puts back the sound ones, never a traceback, nothing outside its directories."""
     with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
         conflist = sb.conflist()
-        cid, netns = unique("alloc-"), sb.container()
-        ips_of(sb.driver("add", cid, netns, PORTS, conflist))
-        sb.remove_container(netns)
-        assert cli(sb, "sweep", "--apply").returncode == 0
+        cid, _ = swept_dead(sb, conflist)
         journal = sb.state_dir() / ".journal"
         intact = journal.read_text()
         damages = {"index": "two", "spec": None, "rules": "abc", "content": 5, "ip": "../../..", "family": 99}
@@ -359,10 +365,7 @@ def test_undo_judges_and_puts_back_under_host_locals_locks(tmp_path, flavour, pa
 
     with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
         conflist = sb.conflist()
-        dead, ns = unique("alloc-"), sb.container()
-        [ip] = ips_of(sb.driver("add", dead, ns, PORTS, conflist))
-        sb.remove_container(ns)
-        assert cli(sb, "sweep", "--apply").returncode == 0
+        dead, [ip] = swept_dead(sb, conflist)
         before = state(sb)
         network_dir = next(p for p in sb.cni_dir.glob(f"*/{NET}") if (p / "lock").exists())
         lock = os.open(network_dir / "lock", os.O_RDWR)
@@ -395,10 +398,7 @@ def _has_open(pid: int, suffix: str) -> bool:
 def test_something_not_host_locals_at_a_reservations_name_is_said_never_a_traceback(tmp_path, flavour, package_exe):
     with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
         conflist = sb.conflist()
-        dead, ns = unique("alloc-"), sb.container()
-        [ip] = ips_of(sb.driver("add", dead, ns, (), conflist))
-        sb.remove_container(ns)
-        assert cli(sb, "sweep", "--apply").returncode == 0
+        dead, [ip] = swept_dead(sb, conflist, ())
         network_dir = next(p for p in sb.cni_dir.glob(f"*/{NET}") if (p / "lock").exists())
         (network_dir / ip).mkdir()
         before = sb.tables()
@@ -515,10 +515,7 @@ def test_a_tool_that_hangs_while_undo_holds_host_locals_locks_is_stopped_at_the_
     that maps a host port is put back and undo says why; another allocation's ADD beside it succeeds."""
     with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
         conflist = sb.conflist()
-        dead, ns = unique("alloc-"), sb.container()
-        ips_of(sb.driver("add", dead, ns, PORTS, conflist))
-        sb.remove_container(ns)
-        assert cli(sb, "sweep", "--apply").returncode == 0
+        dead, _ = swept_dead(sb, conflist)
         hung = HungNft(sb)
         out, beside = hung.beside(
             lambda: sb.run([str(sb.plugin_dir / "cni-reaper"), "undo", dead, "--cni-conf-dir", str(sb.root / "none")],

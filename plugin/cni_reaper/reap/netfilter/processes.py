@@ -57,10 +57,11 @@ class bounded:  # lower case: used as a function, `with bounded(seconds, what):`
         self.seconds, self.what = seconds, what
 
     def __enter__(self) -> None:
-        _BOUNDS.append((time.monotonic() + self.seconds, f"within the {self.seconds:g} s {self.what}"))
+        self.entry = (time.monotonic() + self.seconds, f"within the {self.seconds:g} s {self.what}")
+        _BOUNDS.append(self.entry)
 
     def __exit__(self, *exc: object) -> None:
-        _BOUNDS.pop()
+        _BOUNDS.remove(self.entry)  # its own (sections need not end in the order they began)
 
 
 def run_all(argvs: list[list[str]], stdins: list[str | None] | None = None, timeout: float = 30.0) -> list[Finished]:
