@@ -6,7 +6,11 @@ A FIFO nobody reads, a device, a socket or a directory at the path is refused at
 verb ever waits on a file (docs/how-it-works.md, "Never block an allocation").
 
 `flock_within`: one bounded wait for an exclusive flock, shared by the state lock, host-local's lock and the
-xtables lock."""
+xtables lock.
+
+`holding`: how long cni-reaper may keep a lock other allocations wait for (its state lock, host-local's lock of
+a network) with work that may hang in it: every netfilter tool run meanwhile ends within half the lock's
+timeout of the lock being taken, all told (reap/netfilter/processes.py asks `hold_deadline`)."""
 
 from __future__ import annotations
 
@@ -44,3 +48,37 @@ def flock_within(fd: int, timeout: float) -> bool:
                 return False
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
+
+
+# how long the tools may run, all told, while cni-reaper holds a lock other allocations wait for, as a share of
+# that lock's timeout (lockTimeout, 10 s by default: 5 s): the state lock (every allocation's cni-reaper waits
+# lockTimeout for it, then answers CNI error 11) and host-local's lock of a network (another allocation's
+# host-local waits for it, with no timeout of its own). A tool that hangs there is stopped by then, and a later
+# call retries. The netfilter part of a sweep of 1,000 dead attachments takes about 1 s here
+# (docs/performance.md); a tool's own timeout is 30 s.
+HOLD_SHARE = 0.5
+_HELD: list[tuple[float, str]] = []  # (end, what is held) of each lock held now
+
+
+class holding:  # lower case: used as a function, `with holding(seconds, what):`
+    """A lock others wait for, and cni-reaper within `lock_timeout`, is held (`what`): work that may hang ends
+    within HOLD_SHARE of `lock_timeout` from now."""
+
+    def __init__(self, lock_timeout: float, what: str) -> None:
+        self.seconds = lock_timeout * HOLD_SHARE
+        self.what = f"within the {self.seconds:g} s cni-reaper may hold {what}"
+        self.entry: tuple[float, str] | None = None
+
+    def __enter__(self) -> None:
+        self.entry = (time.monotonic() + self.seconds, self.what)
+        _HELD.append(self.entry)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.entry is not None:  # its own (locks need not be let go in the order they were taken)
+            _HELD.remove(self.entry)
+            self.entry = None
+
+
+def hold_deadline() -> tuple[float, str] | None:
+    """(end, what) of the first hold to end among the locks held now (None: none held)."""
+    return min(_HELD) if _HELD else None

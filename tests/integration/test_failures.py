@@ -161,7 +161,7 @@ def test_a_tool_that_hangs_under_host_locals_lock_holds_another_allocations_add_
     """A DEL's clean-up holds host-local's lock of the network, and cni-reaper's state lock, while its
     netfilter tools run; every other allocation's host-local waits for the first (it has no timeout), and its
     cni-reaper waits lockTimeout (10 s) for the second. An `nft` that hangs there is stopped within the
-    clean-up's time under those locks (processes.bounded: at most 5 s, and half of lockTimeout), so the other
+    clean-up's time under those locks (files.holding: at most 5 s, and half of lockTimeout), so the other
     ADD succeeds while the tool would still hang; the DEL succeeds too and a later call finishes its job.
     (Before, each tool had 30 s, and the clean-up ran several: the other ADD waited for them all.)"""
     dead, netns_dead, dead_ips = dead_attachment(sandbox)
@@ -174,7 +174,7 @@ def test_a_tool_that_hangs_under_host_locals_lock_holds_another_allocations_add_
                                  lambda: sandbox.driver("add", cid, netns, ()))
     del sandbox.extra_env["PATH"]
     assert added.returncode == 0 and deleted.returncode == 0, (added.stderr, deleted.stderr)
-    assert "a clean-up may hold host-local's locks" in sandbox.log_file.read_text()
+    assert "cni-reaper may hold its state lock" in sandbox.log_file.read_text()
     sandbox.status()
     assert sandbox.residue("nomad-reaper", dead, dead_ips) == []
 
@@ -193,4 +193,4 @@ def test_a_tool_that_hangs_while_gc_holds_the_state_lock_does_not_fail_an_add_be
                                 lambda: sb.driver("add", unique("beside-"), sb.container(), ()))
         assert added.returncode == 0 and gc.returncode == 0, (added.stderr, gc.stderr)
         del sb.extra_env["PATH"]
-        assert "GC may hold the state lock" in sb.log_file.read_text()
+        assert "cni-reaper may hold its state lock" in sb.log_file.read_text()

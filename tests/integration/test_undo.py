@@ -511,7 +511,7 @@ def test_a_tool_that_hangs_while_undo_holds_host_locals_locks_is_stopped_at_the_
                                                                                                 package_exe):
     """Undo holds host-local's lock of every network it may touch from its look to its last put-back, and
     every allocation of those networks waits for it: an `nft` that hangs meanwhile is stopped within the time
-    a clean-up has under those locks (processes.bounded), and what it would have said is not known, so nothing
+    a clean-up has under those locks (files.holding), and what it would have said is not known, so nothing
     that maps a host port is put back and undo says why; another allocation's ADD beside it succeeds."""
     with open_sandbox(tmp_path, flavour, package_exe, NOMAD) as sb:
         conflist = sb.conflist()
@@ -522,5 +522,5 @@ def test_a_tool_that_hangs_while_undo_holds_host_locals_locks_is_stopped_at_the_
                            env={"PATH": hung.path}),
             lambda: sb.driver("add", unique("beside-"), sb.container(), (), conflist))
         assert beside.returncode == 0, beside.stderr
-        assert "an undo may hold host-local's locks" in out.stdout, out.stdout + out.stderr
+        assert "cni-reaper may hold its state lock" in out.stdout, out.stdout + out.stderr
         assert not [l for l in sb.tables().splitlines() if "8080" in l and dead in l], out.stdout

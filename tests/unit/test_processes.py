@@ -160,14 +160,45 @@ def test_the_wrapper_reads_the_real_plugins_status_and_leaves_it_sigchld_as_the_
     assert code == "0" and int(ignored, 16) & (1 << (17 - 1)), proc.stdout + proc.stderr  # SIGCHLD is 17
 
 
-def test_a_bounded_section_ends_every_tool_in_it_by_its_end_and_starts_none_after():
-    """What a clean-up runs under host-local's locks (processes.bounded): a tool that hangs is killed at the
-    section's end, not at its own timeout; once the time is spent no tool starts; outside, the own timeout."""
-    with tools.bounded(0.5, "of the test"):
+def test_a_tool_run_while_a_lock_others_wait_for_is_held_ends_with_the_hold_and_none_starts_after():
+    """files.holding (the state lock, host-local's locks): a tool that hangs is killed when the hold's time is
+    spent, not at its own timeout; once it is spent no tool starts; with no lock held, the tool's own timeout;
+    holds let go in another order than taken leave none behind."""
+    from cni_reaper import files
+
+    outer, inner = files.holding(1.0, "the test's lock"), files.holding(40, "another")
+    with outer:
+        inner.__enter__()
         t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match=r"within the 0\.5 s of the test"):
+        with pytest.raises(TimeoutError, match=r"within the 0\.5 s cni-reaper may hold the test's lock"):
             tools.run([SH, "-c", "exec sleep 30"], timeout=30)
-        assert time.monotonic() - t0 < 20  # the section's end, not the tool's own 30 s
+        assert time.monotonic() - t0 < 15  # the hold's end, not the tool's own 30 s
         with pytest.raises(TimeoutError, match="not started: no time was left"):
             tools.run([SH, "-c", "exit 0"])
-    assert tools.run([SH, "-c", "exit 0"]).code == 0 and tools._BOUNDS == []
+    assert files.hold_deadline() is not None and tools.run([SH, "-c", "exit 0"]).code == 0  # the inner one's 20 s
+    inner.__exit__()
+    inner.__exit__()  # twice: nothing
+    assert files.hold_deadline() is None
+
+
+def test_the_state_lock_and_host_locals_locks_are_held_with_tools_for_a_bounded_time(tmp_path):
+    """Each lock other allocations wait for carries its hold, half of the time cni-reaper waits for it: the
+    state lock (lockTimeout) and host-local's locks of networks (locked_dirs), from when they are taken to when
+    they are let go."""
+    from cni_reaper import files
+    from cni_reaper.reap.hostlocal import locked_dirs
+    from cni_reaper.state.store import Store
+
+    (tmp_path / "ipam" / "net").mkdir(parents=True)
+    store = Store(str(tmp_path / "state"), 4.0).open()
+    try:
+        with store.locked():
+            end, what = files.hold_deadline() or (0.0, "")
+            assert what == "within the 2 s cni-reaper may hold its state lock" and end - time.monotonic() <= 2
+            with locked_dirs({(str(tmp_path / "ipam"), "net")}, 1.0):
+                assert files.hold_deadline()[1] == "within the 0.5 s cni-reaper may hold host-local's locks"
+                assert len(files._HELD) == 2
+            assert len(files._HELD) == 1
+    finally:
+        store.close()
+    assert files.hold_deadline() is None

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 from cni_reaper import log
 from cni_reaper.reap.claims import Claims
 from cni_reaper.reap.hostlocal import NetworkDir, Reservation, locked_dirs, networks_in
-from cni_reaper.reap.netfilter import processes
 from cni_reaper.reap.outcome import Outcome
 from cni_reaper.reap.targets import NETFILTER_PARTS, Target
 
@@ -69,9 +68,7 @@ def clean(targets: list[Target], holders: dict[Key, set[str]], settings: Cleanup
             try:
                 claims = Claims(targets, holders, [*dirs.values(), *others])
                 narrowed, protected = _narrow(targets, claims, outcome)
-                bound = min(processes.UNDER_LOCKS_SECONDS, settings.lock_timeout / 2)
-                with processes.bounded(bound, "a clean-up may hold host-local's locks"):
-                    _clean_netfilter(narrowed, protected, settings, outcome)
+                _clean_netfilter(narrowed, protected, settings, outcome)
                 _clear_conntrack(narrowed, protected, outcome, settings)
                 _release(narrowed, claims, dirs, outcome, settings)
             finally:

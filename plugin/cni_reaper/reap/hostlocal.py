@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from cni_reaper.reap.probes import OnLink
 
 from cni_reaper.errors import TRY_AGAIN_LATER, CniError
-from cni_reaper.files import flock_within
+from cni_reaper.files import flock_within, holding
 from cni_reaper.reap import probes
 
 LOCK_NAME = "lock"
@@ -249,6 +249,7 @@ class locked_dirs:  # lower case: used as a function, `with locked_dirs(pairs, t
     def __init__(self, pairs: Iterable[tuple[str, str]], timeout: float) -> None:
         self.pairs, self.timeout = set(pairs), timeout
         self.held: list[NetworkDir] = []
+        self.hold = holding(timeout, "host-local's locks")  # every allocation of the networks waits for them
 
     def __enter__(self) -> dict[tuple[str, str], NetworkDir]:
         out: dict[tuple[str, str], NetworkDir] = {}
@@ -268,8 +269,10 @@ class locked_dirs:  # lower case: used as a function, `with locked_dirs(pairs, t
         except BaseException:
             self.__exit__()
             raise
+        self.hold.__enter__()
         return out
 
     def __exit__(self, *exc: object) -> None:
+        self.hold.__exit__()
         while self.held:
             self.held.pop().close()

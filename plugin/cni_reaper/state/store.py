@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
-from cni_reaper.files import flock_within
+from cni_reaper.files import flock_within, holding
 from cni_reaper.state.index import Entry, Index
 from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
 from cni_reaper.state.record import key_of, of_document, problem, written_as_read
@@ -197,6 +197,7 @@ class _Locked:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.fd = -1
+        self.hold = holding(store.lock_timeout, "its state lock")  # every allocation's cni-reaper waits for it
 
     def __enter__(self) -> Store:
         import os
@@ -217,8 +218,10 @@ class _Locked:
                 raise CniError(TRY_AGAIN_LATER, f"state directory {st.root} is locked by another cni-reaper",
                                f"waited {st.lock_timeout:g}s; retry the operation")
             st.waited = time.monotonic() - started
+            self.hold.__enter__()
             st._load_index()
         except BaseException:
+            self.hold.__exit__()
             os.close(self.fd)
             raise
         return st
@@ -230,4 +233,5 @@ class _Locked:
         # valid only while the lock is held; kept until the next one is let go (freeing a thousand entries
         # costs a call with nothing stale a few tenths of a ms, and a CNI call ends with os._exit)
         _last_index, self.store.index = self.store.index, None
+        self.hold.__exit__()
         os.close(self.fd)  # closing the fd releases the flock

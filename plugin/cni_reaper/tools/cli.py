@@ -340,7 +340,6 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
     of cni-reaper 0.2 with its network's conflist, or the first one's when no conflist names its network any
     more); tagged attachments without a record where libcni's cache proves them dead, or host-local (where the
     network's records, or else its conflist, say host-local keeps it: orphans.proven_dead)."""
-    from cni_reaper.reap.netfilter import processes
     from cni_reaper.reap.sweep import select, sweep
     from cni_reaper.state.store import Store
     from cni_reaper.tools import nomad_word
@@ -352,10 +351,7 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
         store = Store(first.conf.stateDir, first.conf.lockTimeout).open(create=False, read_only=not args.apply)
     try:
         lock = store.locked() if store is not None else _NoLock()
-        # the tools read the plugins' tags and clean under the state lock, which every allocation's cni-reaper
-        # waits for (lockTimeout): they have the time a clean-up has under a lock others wait for
-        with lock, processes.bounded(min(processes.UNDER_LOCKS_SECONDS, first.conf.lockTimeout / 2),
-                                     "a sweep may hold the state lock"):
+        with lock:
             records = list(store.records()) if store is not None else []
             runs = _sweep_runs(args, group, records)
             confs = {n: conf for conf, n in runs if n}

@@ -73,7 +73,6 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
     from cni_reaper.reap.claims import Holdings
     from cni_reaper.reap.evidence import View
     from cni_reaper.reap.hostlocal import locked_dirs, networks_in
-    from cni_reaper.reap.netfilter import processes
     from cni_reaper.reap.sweep import holdings
     from cni_reaper.state.journal import Journal
 
@@ -84,9 +83,7 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
     dirs = _data_dirs(store, data_dirs, entries)
     # no address is given or taken on these networks from the look at who holds what to the last put-back
     # (host-local's locks, after the state lock, in the one order every clean-up takes them)
-    # (and the tools it runs meanwhile have the time a clean-up has under those locks: others wait for them)
-    with locked_dirs({(d, n) for d in dirs for n in networks_in(d)}, LOCK_TIMEOUT) as held, \
-            processes.bounded(processes.UNDER_LOCKS_SECONDS, "an undo may hold host-local's locks"):
+    with locked_dirs({(d, n) for d in dirs for n in networks_in(d)}, LOCK_TIMEOUT) as held:
         now = Holdings(holdings(store.records(), View(), confs or {}, cache_dir), held.values())
         _put_back(store, entries, now.others_than(cid), report, dry_run, held)
     if not dry_run:

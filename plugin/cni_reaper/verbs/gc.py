@@ -59,15 +59,11 @@ def holds(pairs: set[tuple[str, str]], cid: str, ifname: str) -> bool:
 
 
 def run(inv: Invocation) -> None:
-    from cni_reaper.reap.netfilter import processes
-
     conf = inv.conf
     valid = valid_attachments(inv.raw)
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
-        # the plugins' tags read and the clean-up under the state lock others wait for: a clean-up's time there
-        with store.locked(), processes.bounded(min(processes.UNDER_LOCKS_SECONDS, conf.lockTimeout / 2),
-                                               "GC may hold the state lock"):
+        with store.locked():
             records = list(store.records())
             mine = [r for r in records if r.network == conf.name]
             verdicts = {r.key: Verdict(DEAD, "not among the runtime's valid attachments (GC)") for r in mine

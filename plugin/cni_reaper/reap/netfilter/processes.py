@@ -17,19 +17,14 @@ import os
 import select
 import time
 
+from cni_reaper.files import hold_deadline
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 _DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
-_BOUNDS: list[tuple[float, str]] = []  # (end, what it bounds) of each `bounded` section this process is in
-# how long the netfilter tools may run, all told, while cni-reaper holds a lock others wait for: host-local's
-# lock of a network (a clean-up, undo; another allocation's host-local waits for it, with no timeout of its own)
-# or its state lock (a sweep's look at the plugins' tags; another allocation's cni-reaper waits lockTimeout, 10 s
-# by default, then answers CNI error 11). A tool that hangs there is stopped by then and a later call retries.
-# The netfilter part of a sweep of 1,000 dead attachments takes about 1 s here (docs/performance.md); each
-# tool's own timeout is 30 s.
-UNDER_LOCKS_SECONDS = 5.0
+
 _IN = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
@@ -48,29 +43,14 @@ def run(argv: list[str], stdin: str | None = None, timeout: float = 30.0) -> Fin
     return run_all([argv], [stdin], timeout)[0]
 
 
-class bounded:  # lower case: used as a function, `with bounded(seconds, what):`
-    """Every tool run inside it ends within `seconds` of its start, whatever its own timeout (TimeoutError
-    once the time is spent): what a clean-up runs while it holds host-local's locks, which every other
-    allocation of the network waits for (a tool that hangs there would stall them for its whole timeout)."""
-
-    def __init__(self, seconds: float, what: str) -> None:
-        self.seconds, self.what = seconds, what
-
-    def __enter__(self) -> None:
-        self.entry = (time.monotonic() + self.seconds, f"within the {self.seconds:g} s {self.what}")
-        _BOUNDS.append(self.entry)
-
-    def __exit__(self, *exc: object) -> None:
-        _BOUNDS.remove(self.entry)  # its own (sections need not end in the order they began)
-
-
 def run_all(argvs: list[list[str]], stdins: list[str | None] | None = None, timeout: float = 30.0) -> list[Finished]:
     """Run the tools at the same time; their results in order (the errors as run's)."""
     _reap_own_children()
     env = dict(os.environ, LC_ALL="C")
     deadline, within = time.monotonic() + timeout, f"within {timeout:g} s"
-    if _BOUNDS and min(_BOUNDS)[0] < deadline:
-        deadline, within = min(_BOUNDS)
+    held = hold_deadline()  # a lock others wait for is held: its hold ends first
+    if held is not None and held[0] < deadline:
+        deadline, within = held
         if deadline <= time.monotonic():
             raise TimeoutError(f"not started: no time was left {within}")
     started: list[tuple[int, int, int]] = []  # pid, stdout, stderr
