@@ -194,3 +194,39 @@ def test_a_tool_that_hangs_while_gc_holds_the_state_lock_does_not_fail_an_add_be
         assert added.returncode == 0 and gc.returncode == 0, (added.stderr, gc.stderr)
         del sb.extra_env["PATH"]
         assert "cni-reaper may hold its state lock" in sb.log_file.read_text()
+
+
+def test_a_sweep_of_a_clean_and_an_observed_network_holds_the_state_lock_for_one_bound_only(tmp_path, package_exe):
+    """A verb's sweep meeting dead attachments of a network in clean mode and of one in observe mode runs two
+    clean-ups (one removes, one only looks): with an `nft` that hangs, each had its own bound, and the state
+    lock was held for both, the whole of another allocation's lockTimeout (found by a red team: the ADD beside
+    waited 10.3 s and could fail with code 11). The bound is the lock's: the ADD waits one of it."""
+    import time
+
+    from testkit.sandbox import DEBIAN12
+
+    with open_sandbox(tmp_path, "nft", package_exe, DEBIAN12) as sb:
+        cleaning = sb.conflist()
+        watched = sb.conflist(name="watched", bridge="watch0", subnet="10.77.0.0/16", mode="observe")
+        spaces = []
+        for conflist, port in ((cleaning, "8080:80/tcp"), (watched, "8181:80/tcp")):
+            ns = sb.container()
+            ips_of(sb.driver("add", unique("dead-"), ns, (port,), conflist))
+            spaces.append(ns)
+        for ns in spaces:
+            sb.remove_container(ns)
+        hung = HungNft(sb, only_if='[ -n "$HANG_ME" ]')  # the STATUS's tools hang; the ADD beside runs at once
+        waited = {}
+
+        def beside():
+            t0 = time.monotonic()
+            proc = sb.driver("add", unique("beside-"), sb.container(), (), cleaning, settle=False)
+            waited["add"] = time.monotonic() - t0
+            return proc
+
+        status, added = hung.beside(lambda: sb.plugin("STATUS", sb.status_conf(), env={"PATH": hung.path, "HANG_ME": "1"}),
+                                    beside)
+        assert status[0] == 0, status
+        assert added.returncode == 0, added.stderr
+        assert waited["add"] < 8, f"the ADD beside waited {waited['add']:.1f} s: more than one hold of the lock (5 s)"
+        assert "cni-reaper may hold its state lock" in sb.log_file.read_text()
