@@ -122,27 +122,40 @@ class Holdings:
 
 
 class Others:
-    """Who other than container `cid` holds an address now (Holdings.others_than): what undo may not put back
-    for `cid`."""
+    """Who else holds an address now than what undo puts back for container `cid` (Holdings.others_than): any
+    attachment that is live, unknown or being deleted (a newer life of `cid` among them), any reservation read
+    before undo put any back (one naming `cid` is a newer life's), a reservation that cannot be read; and for a
+    network whose addresses no host-local reservation governs here, anyone (`ungoverned`)."""
 
     def __init__(self, holdings: Holdings, cid: str) -> None:
         self.holdings, self.cid = holdings, cid
 
     def of(self, addresses: Iterable[str]) -> str | None:
-        """Why one of `addresses` is held by another than `cid` (None: by no one else): an attachment of another
-        container that is not dead, a reservation naming another container, or one that cannot be read."""
+        """Why one of `addresses` may not be put back for `cid` (None: no one else holds any)."""
         for ip in sorted({canonical(a) for a in addresses}):
-            others = sorted(k for k in self.holdings.holding(ip) if k.container_id != self.cid)
-            if others:
-                return f"{ip} is held by the attachment {others[0].container_id} ({others[0].network})"
-            foreign = [r for r in self.holdings.reserving(ip) if r.owner[0] != self.cid]
-            if foreign:
-                r = foreign[0]
-                return f"{ip} is held by {r.owner[0]}, whose reservation it is ({r.data_dir}/{r.network})"
+            holders = sorted(self.holdings.holding(ip))
+            if holders:
+                k = holders[0]
+                who = "a newer life of it" if k.container_id == self.cid else f"the attachment {k.container_id}"
+                return f"{ip} is held by {who} ({k.network})"
+            for r in self.holdings.reserving(ip):
+                if r.owner[0] != self.cid:
+                    return f"{ip} is held by {r.owner[0]}, whose reservation it is ({r.data_dir}/{r.network})"
+                return (f"{ip} is reserved again for {self.cid} ({r.data_dir}/{r.network}): a newer life of it "
+                        "is being made or is live")
             if self.holdings.unread(ip):
                 return (f"{ip} has something at its host-local reservation's name that cannot be read as one: who "
                         "holds it is not known")
         return None
+
+    def ungoverned(self, network: str) -> str | None:
+        """Why nothing tied to an address of `network` may be put back (None: host-local's reservations show
+        its holders): no directory of it was read, so its IPAM keeps no reservation here (static, dhcp, a
+        data directory cni-reaper is not told of), and an attachment given the same address is not seen."""
+        if network in self.holdings.host_local:
+            return None
+        return (f"no host-local reservation governs {network}'s addresses here (its IPAM keeps none, or in a data "
+                "directory cni-reaper is not told of): who holds them now cannot be seen")
 
 
 class Claims(Holdings):

@@ -19,6 +19,9 @@ import _socket as socket  # the C module: `socket` imports selectors and enum, m
 import errno
 import os
 import struct
+import time
+
+from cni_reaper.files import hold_deadline
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_CTNETLINK = 1
@@ -104,10 +107,26 @@ class Socket:
         body = _NFGEN.pack(family, 0, 0) + payload
         return _HDR.pack(_HDR.size + len(body), (NFNL_SUBSYS_CTNETLINK << 8) | msg_type, flags, self.seq, 0) + body
 
+    def _receive(self) -> bytes:
+        """The next datagram; while a lock others wait for is held (files.hold_deadline), only until its hold
+        ends (ConntrackError ETIMEDOUT: a table of hundreds of thousands of entries is dumped and read for
+        seconds; its entries expire in time)."""
+        held = hold_deadline()
+        if held is None:
+            return self.sock.recv(1 << 20)
+        left = held[0] - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            self.sock.settimeout(left)
+            return self.sock.recv(1 << 20)
+        except (TimeoutError, socket.timeout):
+            raise ConntrackError(errno.ETIMEDOUT, f"ctnetlink: the table was not read {held[1]}") from None
+
     def _replies(self):
         """(type, flags, buffer, payload start, payload end) of each message received, until a dump ends."""
         while True:
-            data = self.sock.recv(1 << 20)
+            data = self._receive()
             offset = 0
             while offset + _HDR.size <= len(data):
                 length, kind, flags, _seq, _pid = _HDR.unpack_from(data, offset)

@@ -10,7 +10,9 @@ host-local's lock, and only when it is the very file the claims (claims.py) say 
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -116,11 +118,16 @@ class NetworkDir:
         exist). CniError (11) when it cannot be had within `timeout`."""
         if self.fd is None or self._lock is not None:
             return
-        try:
-            lfd = os.open(LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+        try:  # never blocking (a FIFO at the name would hold the open itself), and only a regular file
+            lfd = os.open(LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600,
+                          dir_fd=self.fd)
+            if not stat.S_ISREG(os.fstat(lfd).st_mode):
+                os.close(lfd)
+                raise OSError(errno.EINVAL, "not a regular file")
         except OSError as exc:
             raise CniError(TRY_AGAIN_LATER, f"cannot open host-local's lock of {self.data_dir}/{self.network}: "
-                           f"{exc.strerror}") from None
+                           f"{exc.strerror}", "host-local cannot use that network either: remove what is at "
+                           f"{self.data_dir}/{self.network}/{LOCK_NAME}") from None
         if not flock_within(lfd, timeout):
             os.close(lfd)
             raise CniError(TRY_AGAIN_LATER, f"host-local's lock of {self.data_dir}/{self.network} is held",

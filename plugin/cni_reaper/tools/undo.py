@@ -4,11 +4,13 @@ were in; chains with their rules; native nftables rules; host-local reservation 
 libcni's cached result as it was; the record. What something live now holds is never put back, and undo
 says what stands in the way:
 
-- an address another attachment now holds (a record that is not dead, or a reservation naming another
-  container): none of the rules or the reservation of that address;
+- an address another attachment or a newer life of the container now holds (a record that is not dead, a
+  reservation naming another container, or naming this one again): none of the rules or the reservation of
+  that address; nothing that names an address of a network no host-local reservation governs here (static,
+  dhcp: its holders cannot be seen), nor after host-local made a network directory while undo looked;
 - a host port another rule now maps (in CNI-HOSTPORT-DNAT, or the native hostports chains): not the jump
   that would shadow it;
-- a chain that exists again (a newer life of the container): not the chain;
+- a chain that exists again (a newer life of the container): not the chain, nor a jump into it;
 - a cached result libcni rewrote since (a newer life), or no longer has (its DEL ran): not that;
 - a record of the same attachment: not the record.
 Conntrack entries cannot be put back (the journal says they were cleared). What an undo put back is journaled
@@ -85,7 +87,7 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
     # (host-local's locks, after the state lock, in the one order every clean-up takes them)
     with locked_dirs({(d, n) for d in dirs for n in networks_in(d)}, LOCK_TIMEOUT) as held:
         now = Holdings(holdings(store.records(), View(), confs or {}, cache_dir), held.values())
-        _put_back(store, entries, now.others_than(cid), report, dry_run, held)
+        _put_back(store, entries, now.others_than(cid), report, dry_run, held, dirs)
     if not dry_run:
         Journal(store).undone(f"undo-{cid}", [[e.event, e.index] for e, _ in report.restored],
                               [[e.event, e.index, why] for e, why in report.refused],
@@ -106,26 +108,48 @@ def _data_dirs(store: Store, given: list[str], entries: list[Removed]) -> list[s
     return list(dict.fromkeys([*given, *DEFAULT_IPAM_DIRS, *named]))
 
 
+TIED = ("iptables", "nft", "cache")  # the kinds of item that name an address (a reservation is host-local's own)
+
+
 def _put_back(store: Store, entries: list[Removed], holders: Others, report: Report, dry_run: bool,
-              held: dict[Any, Any]) -> None:
+              held: dict[Any, Any], dirs: list[str]) -> None:
     """Each sound journal item put back as its kind is (or refused, with the reason), against `holders` and
-    the host ports every world maps now."""
+    the host ports every world maps now; `held`: host-local's directories locked at the look, of `dirs`."""
     from cni_reaper.reap.holders import PortMap, port_map
 
-    kinds: dict[str, list[Removed]] = {}
-    for e in entries:
-        damage = damaged(e.item)
-        if damage:
-            report.no(e, f"its journal entry is damaged ({damage}): not put back")
-        else:
-            kinds.setdefault(e.item.get("kind", ""), []).append(e)
+    kinds = _sound(entries, holders, report)
     report.unrestorable = kinds.pop("conntrack", []) + kinds.pop("netns", [])
     _reservations(kinds.get("reservation", []), holders, report, dry_run, held)
     ports = port_map() if kinds.get("iptables") or kinds.get("nft") else PortMap()
+    _unless_made_since(kinds, held, dirs, report)
     _iptables(kinds.get("iptables", []), holders, ports, report, dry_run)
     _native(kinds.get("nft", []), holders, ports, report, dry_run)
     _cache(kinds.get("cache", []), holders, report, dry_run)
-    _record(store, kinds.get("record", []), report, dry_run)
+    _record(store, kinds.get("record", []), holders, report, dry_run)
+
+
+def _sound(entries: list[Removed], holders: Others, report: Report) -> dict[str, list[Removed]]:
+    """The items that may be put back, by kind; a damaged one, or one naming an address of a network no
+    host-local reservation governs here, is refused."""
+    kinds: dict[str, list[Removed]] = {}
+    for e in entries:
+        damage = damaged(e.item)
+        unseen = holders.ungoverned(e.item["key"][0]) if not damage and e.item.get("kind") in TIED else None
+        if damage or unseen:
+            report.no(e, f"its journal entry is damaged ({damage}): not put back" if damage else unseen or "")
+        else:
+            kinds.setdefault(e.item.get("kind", ""), []).append(e)
+    return kinds
+
+
+def _unless_made_since(kinds: dict[str, list[Removed]], held: dict[Any, Any], dirs: list[str], report: Report) -> None:
+    """None of the items that name an address, when host-local made a network directory since the look (who
+    holds its addresses was not read; another undo reads it)."""
+    from cni_reaper.reap.hostlocal import networks_in
+
+    made = sorted(f"{d}/{n}" for d in dirs for n in networks_in(d) if (d, n) not in held)
+    for e in [e for kind in TIED for e in kinds.pop(kind, [])] if made else []:
+        report.no(e, f"host-local made {made[0]} while undo looked: its reservations were not read (run undo again)")
 
 
 def _text(v: object, multiline: bool = False) -> bool:
@@ -200,40 +224,49 @@ def _reservations(entries: list[Removed], holders: Others, report: Report, dry_r
     """`locked`: host-local's directories locked for the whole undo, by (data dir, network)."""
     from cni_reaper.reap.hostlocal import NetworkDir
 
+    written: set[tuple[str, str, str]] = set()  # (data dir, network, address) put back by this undo
     for e in entries:
         it = e.item
-        d = locked.get((it["dataDir"], it["network"]))
-        own = d is None
-        if d is None:
+        path = os.path.join(it["dataDir"], it["network"])
+        d: Any = locked.get((it["dataDir"], it["network"]))
+        fresh = d is None or d.fd is None  # not there at the look (host-local makes it at its first ADD)
+        if fresh and dry_run and not os.path.isdir(path):
+            report.ok(e, f"host-local reservation {it['network']}/{it['ip']}")
+            continue
+        if fresh:
+            os.makedirs(path, mode=0o755, exist_ok=True)
             d = NetworkDir(it["dataDir"], it["network"])
         try:
-            if d.fd is None:
-                path = os.path.join(it["dataDir"], it["network"])
-                if dry_run:
-                    report.ok(e, f"host-local reservation {it['network']}/{it['ip']}")
-                    continue
-                os.makedirs(path, mode=0o755, exist_ok=True)
-                d.close()
-                d = NetworkDir(it["dataDir"], it["network"])
-            now = d.get(it["ip"])
-            if now is not None:
-                why = "already back" if now.content == it["content"] else f"{it['ip']} is reserved by {now.owner[0]} now"
-                (report.ok if now.content == it["content"] else report.no)(e, why)
-                continue
-            held = holders.of({parse_ip(it["ip"])[1]})
-            if held:
-                report.no(e, held)
-                continue
-            try:
-                if not dry_run:
-                    _write_reservation(d, it)
-            except OSError as exc:  # something not host-local's at its name (a directory, a symlink)
-                report.no(e, f"{it['ip']} cannot be written in {it['dataDir']}/{it['network']}: {exc.strerror}")
-                continue
-            report.ok(e, f"host-local reservation {it['network']}/{it['ip']}")
+            _reservation(e, d, holders, report, dry_run, written)
         finally:
-            if own:
+            if fresh:
                 d.close()
+
+
+def _reservation(e: Removed, d: Any, holders: Others, report: Report, dry_run: bool,
+                 written: set[tuple[str, str, str]]) -> None:
+    """One journaled reservation put back in its network's directory `d` (or refused, with the reason)."""
+    it = e.item
+    where = (it["dataDir"], it["network"], it["ip"])
+    now = d.get(it["ip"])
+    if now is not None:  # journaled twice and put back above, or reserved again: a newer life's
+        if where in written:
+            report.ok(e, "already back (with another journal item)")
+        else:
+            report.no(e, f"{it['ip']} is reserved by {now.owner[0]} now")
+        return
+    held = holders.of({parse_ip(it["ip"])[1]})
+    if held:
+        report.no(e, held)
+        return
+    written.add(where)
+    try:
+        if not dry_run:
+            _write_reservation(d, it)
+    except OSError as exc:  # something not host-local's at its name (a directory, a symlink)
+        report.no(e, f"{it['ip']} cannot be written in {it['dataDir']}/{it['network']}: {exc.strerror}")
+        return
+    report.ok(e, f"host-local reservation {it['network']}/{it['ip']}")
 
 
 def _write_reservation(d: Any, it: dict[str, Any]) -> None:
@@ -276,6 +309,7 @@ def _iptables_family(family: int, flavour: str, entries: list[Removed], checks: 
     plan = _IptablesPlan(tables, checks)
     chains = [e for e in entries if e.item["op"] == "chain"]
     rules = sorted((e for e in entries if e.item["op"] != "chain"), key=lambda e: e.item.get("index", 0))
+    plan.removed = {(e.item["table"], e.item["chain"]) for e in chains}
     plan.candidates = {(e.item["table"], e.item["chain"]) for e in chains if plan.chain_ok(e) is None}
     for e in rules:
         plan.take(e, report)
@@ -296,6 +330,7 @@ class _IptablesPlan:
         self.tables, self.holders, self.ports = tables, checks.holders, checks.ports
         self.ops: list[Op] = []
         self.candidates: set[tuple[str, str]] = set()  # chains that may come back (if a jump to them does)
+        self.removed: set[tuple[str, str]] = set()  # chains the clean-ups removed (journaled)
         self.jumped: set[tuple[str, str]] = set()  # chains a rule put back jumps to
         self.inserted: dict[tuple[str, str], int] = {}
         self.entries: list[Removed] = []
@@ -369,6 +404,8 @@ class _IptablesPlan:
         rule = parse_rule(chain, spec)
         if rule.target and rule.target.startswith("CNI-") and not self._exists(table, rule.target):
             return f"its target chain {rule.target} is not there"
+        if (table, rule.target) in self.removed and (table, rule.target) not in self.candidates:
+            return f"its target chain {rule.target} exists again (a newer life of the container has it)"
         if chain == IPTABLES_DNAT_CHAIN:
             ports = rule_ports(rule)
             return self.ports.shadowed(ports, iptables_owner(rule.comment)) if ports else BROADER
@@ -493,31 +530,34 @@ def _forgotten(original: dict[str, Any], released: set[str]) -> dict[str, Any]:
     return doc
 
 
-def _record(store: Store, entries: list[Removed], report: Report, dry_run: bool) -> None:
+def _record(store: Store, entries: list[Removed], holders: Others, report: Report, dry_run: bool) -> None:
     """Each attachment's newest journaled record put back (a container may have several: one per network and
-    interface), unless a record of it exists now."""
+    interface), unless a record of it exists now or someone else (a newer life of it being made among them)
+    holds an address of it: the sweep would judge that life's rules by the old record."""
     by_key: dict[Any, list[Removed]] = {}
     for e in entries:
         k = e.item.get("key")
         by_key.setdefault(tuple(k) if isinstance(k, list) else None, []).append(e)
     for group in by_key.values():
-        _record_of(store, group, report, dry_run)
+        _record_of(store, group, holders, report, dry_run)
 
 
-def _record_of(store: Store, entries: list[Removed], report: Report, dry_run: bool) -> None:
-    from cni_reaper.state.record import key_of, of_document, problem
+def _record_of(store: Store, entries: list[Removed], holders: Others, report: Report, dry_run: bool) -> None:
+    from cni_reaper.state.record import ips, key_of, of_document, problem
 
     newest = max(entries, key=lambda e: e.at)
     rec = newest.item["record"]
     if problem(rec) is not None:
         report.no(newest, "the journaled record is not one the reader takes")
         return
-    if store.load(*key_of(rec)) is not None:
-        report.no(newest, "a record of this attachment exists (a newer life)")
-    else:
-        if not dry_run:
-            store.save(of_document(rec))
-        report.ok(newest, "the record")
+    held = holders.of(ips(*of_document(rec).lives))
+    if store.load(*key_of(rec)) is not None or held:
+        for e in entries:
+            report.no(e, held or "a record of this attachment exists (a newer life)")
+        return
+    if not dry_run:
+        store.save(of_document(rec))
+    report.ok(newest, "the record")
     for e in entries:
         if e is not newest:
             report.ok(e, "(an older journaled record)")
