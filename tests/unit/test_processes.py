@@ -202,3 +202,26 @@ def test_the_state_lock_and_host_locals_locks_are_held_with_tools_for_a_bounded_
     finally:
         store.close()
     assert files.hold_deadline() is None
+
+
+def test_the_xtables_lock_is_waited_for_no_longer_than_the_hold_left(tmp_path, monkeypatch):
+    """python-iptables' commits wait for the xtables lock (3 s): while a lock others wait for is held, no
+    longer than its hold has left (found by a red team: two families waited 6 s under a 5 s hold)."""
+    import fcntl
+
+    from cni_reaper import files
+    from cni_reaper.reap.netfilter.interface import LockHeld
+    from cni_reaper.reap.netfilter.iptables import xtables_lock as xl
+
+    path = tmp_path / "xtables.lock"
+    monkeypatch.setattr(xl, "LOCK_PATH", str(path))
+    other = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    try:
+        with files.holding(0.4, "the test's lock"):
+            t0 = time.monotonic()
+            with pytest.raises(LockHeld, match=r"for more than 0\.[12]"), xl.xtables_lock(timeout=30):
+                pass
+            assert time.monotonic() - t0 < 10
+    finally:
+        os.close(other)

@@ -4,8 +4,9 @@ around every table replace. python-iptables takes none, so we take it around eac
 from __future__ import annotations
 
 import os
+import time
 
-from cni_reaper.files import flock_within
+from cni_reaper.files import flock_within, hold_deadline
 from cni_reaper.reap.netfilter.interface import BackendError, LockHeld
 
 LOCK_PATH = os.environ.get("XTABLES_LOCKFILE", "/run/xtables.lock")
@@ -17,13 +18,16 @@ class xtables_lock:  # lower case: used as a function, `with xtables_lock():` (c
         self.fd = -1
 
     def __enter__(self) -> None:
-        try:
-            fd = os.open(LOCK_PATH, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:  # never blocking: a FIFO at the path would hold the open itself
+            fd = os.open(LOCK_PATH, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         except OSError as exc:
             raise BackendError(f"cannot open {LOCK_PATH}: {exc.strerror}") from None
-        if not flock_within(fd, self.timeout):
+        wait, held = self.timeout, hold_deadline()  # no longer than a lock others wait for may still be held
+        if held is not None:
+            wait = max(0.0, min(wait, held[0] - time.monotonic()))
+        if not flock_within(fd, wait):
             os.close(fd)
-            raise LockHeld(f"the xtables lock {LOCK_PATH} is held by another process for more than {self.timeout:g}s")
+            raise LockHeld(f"the xtables lock {LOCK_PATH} is held by another process for more than {wait:g}s")
         self.fd = fd
 
     def __exit__(self, *exc: object) -> None:
