@@ -1,8 +1,8 @@
 """Undo's holder check (claims.Holdings, Others) from more sides, found by a red team (issue 32): a FIFO at
 another network's lock name (undo hung for good: host-local's lock is opened without blocking now), an
 address an attachment being made on another network holds, an unreadable IPv6 reservation, the same
-container re-added in flight (its newer life's reservation and chain: neither the rules, the jump into its
-chain nor the old record come back), a live record spelling its address otherwise."""
+container re-added in flight (its newer life's chain: neither the rules nor the jump into its chain come
+back), a live record spelling its address otherwise."""
 
 from __future__ import annotations
 
@@ -137,7 +137,10 @@ def test_same_container_re_add_in_flight(tmp_path, flavour, package_exe):
         finally:
             res = held.release()
         assert res.returncode == 0, res.stderr
-        assert back == [] and rec is None, (back, rec is not None, out.stdout)
+        # none of its rules, nor the jump into the newer life's chain; its reservation is not told from one an
+        # undo cut short wrote (the same content), so the record may come back: the newer life's ADD replaces it
+        assert back == [], (back, rec is not None, out.stdout)
+        assert "exists again (a newer life of the container has it)" in out.stdout, out.stdout
 
 
 def _upper(obj, addr):

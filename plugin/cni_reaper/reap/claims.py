@@ -123,9 +123,10 @@ class Holdings:
 
 class Others:
     """Who else holds an address now than what undo puts back for container `cid` (Holdings.others_than): any
-    attachment that is live, unknown or being deleted (a newer life of `cid` among them), any reservation read
-    before undo put any back (one naming `cid` is a newer life's), a reservation that cannot be read; and for a
-    network whose addresses no host-local reservation governs here, anyone (`ungoverned`)."""
+    attachment that is live, unknown or being deleted (a newer life of `cid` among them), a reservation naming
+    another container, one that cannot be read; and for a network whose addresses no host-local reservation
+    governs here, anyone (`ungoverned`). A reservation naming `cid` is not told from one an undo cut short
+    wrote (the same content): the one that finishes it must put back the rest."""
 
     def __init__(self, holdings: Holdings, cid: str) -> None:
         self.holdings, self.cid = holdings, cid
@@ -141,8 +142,6 @@ class Others:
             for r in self.holdings.reserving(ip):
                 if r.owner[0] != self.cid:
                     return f"{ip} is held by {r.owner[0]}, whose reservation it is ({r.data_dir}/{r.network})"
-                return (f"{ip} is reserved again for {self.cid} ({r.data_dir}/{r.network}): a newer life of it "
-                        "is being made or is live")
             if self.holdings.unread(ip):
                 return (f"{ip} has something at its host-local reservation's name that cannot be read as one: who "
                         "holds it is not known")

@@ -249,9 +249,9 @@ def _reservation(e: Removed, d: Any, holders: Others, report: Report, dry_run: b
     it = e.item
     where = (it["dataDir"], it["network"], it["ip"])
     now = d.get(it["ip"])
-    if now is not None:  # journaled twice and put back above, or reserved again: a newer life's
-        if where in written:
-            report.ok(e, "already back (with another journal item)")
+    if now is not None:  # journaled twice and put back above, by an undo cut short, or reserved again
+        if where in written or now.content == it["content"]:
+            report.ok(e, "already back")
         else:
             report.no(e, f"{it['ip']} is reserved by {now.owner[0]} now")
         return
@@ -309,7 +309,7 @@ def _iptables_family(family: int, flavour: str, entries: list[Removed], checks: 
     plan = _IptablesPlan(tables, checks)
     chains = [e for e in entries if e.item["op"] == "chain"]
     rules = sorted((e for e in entries if e.item["op"] != "chain"), key=lambda e: e.item.get("index", 0))
-    plan.removed = {(e.item["table"], e.item["chain"]) for e in chains}
+    plan.removed = {(e.item["table"], e.item["chain"]): set(e.item["rules"]) for e in chains}
     plan.candidates = {(e.item["table"], e.item["chain"]) for e in chains if plan.chain_ok(e) is None}
     for e in rules:
         plan.take(e, report)
@@ -330,7 +330,7 @@ class _IptablesPlan:
         self.tables, self.holders, self.ports = tables, checks.holders, checks.ports
         self.ops: list[Op] = []
         self.candidates: set[tuple[str, str]] = set()  # chains that may come back (if a jump to them does)
-        self.removed: set[tuple[str, str]] = set()  # chains the clean-ups removed (journaled)
+        self.removed: dict[tuple[str, str], set[str]] = {}  # chains the clean-ups removed, with their rules
         self.jumped: set[tuple[str, str]] = set()  # chains a rule put back jumps to
         self.inserted: dict[tuple[str, str], int] = {}
         self.entries: list[Removed] = []
@@ -386,6 +386,13 @@ class _IptablesPlan:
         self.entries.append(e)
         report.ok(e, f"ipv{it['family']} {table} {chain}: {it.get('what', '')}")
 
+    def _made_again(self, table: str, chain: str) -> bool:
+        """Whether `chain`, which a clean-up removed, is there again, but not as it was removed (as an undo cut
+        short puts it back): a newer life of the container made it."""
+        t = self.tables.get(table)
+        return ((table, chain) in self.removed and (table, chain) not in self.candidates and t is not None
+                and {r.spec for r in t.chains.get(chain, [])} != self.removed[(table, chain)])
+
     def _conflict(self, table: str, chain: str, spec: str) -> str | None:
         """Why a rule may not be put back: its chain or target is not there, an address it names is held by
         another attachment (untagged rules of it, firewall's, are that attachment's now, whatever they look
@@ -404,7 +411,7 @@ class _IptablesPlan:
         rule = parse_rule(chain, spec)
         if rule.target and rule.target.startswith("CNI-") and not self._exists(table, rule.target):
             return f"its target chain {rule.target} is not there"
-        if (table, rule.target) in self.removed and (table, rule.target) not in self.candidates:
+        if rule.target and self._made_again(table, rule.target):
             return f"its target chain {rule.target} exists again (a newer life of the container has it)"
         if chain == IPTABLES_DNAT_CHAIN:
             ports = rule_ports(rule)
