@@ -5,8 +5,9 @@ libcni's cached result as it was; the record. What something live now holds is n
 says what stands in the way:
 
 - an address another attachment or a recorded newer life of the container now holds (a record that is not
-  dead, a reservation naming another container): none of the rules or the reservation of that address; nothing that names an address of a network no host-local reservation governs here (static,
-  dhcp: its holders cannot be seen), nor after host-local made a network directory while undo looked;
+  dead, a reservation naming another container): none of the rules or the reservation of that address;
+  nothing that names an address of a network no host-local reservation governs here (static, dhcp: its
+  holders cannot be seen), nor after host-local made a network directory while undo looked;
 - a host port another rule now maps (in CNI-HOSTPORT-DNAT, or the native hostports chains): not the jump
   that would shadow it;
 - a chain that exists again (a newer life of the container): not the chain, nor a jump into it;
