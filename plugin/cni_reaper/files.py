@@ -60,7 +60,7 @@ HOLD_SHARE = 0.5
 _HELD: list[tuple[float, str]] = []  # (end, what is held) of each lock held now
 
 
-class holding:  # lower case: used as a function, `with holding(seconds, what):`
+class holding:  # lower case: used as a function, `with holding(lock_timeout, what):`
     """A lock others wait for, and cni-reaper within `lock_timeout`, is held (`what`): work that may hang ends
     within HOLD_SHARE of `lock_timeout` from now."""
 
