@@ -56,13 +56,10 @@ def own(t: Target, r: Reservation) -> bool:
 
 def canonical(ip: str) -> str:
     """An address as the plugins, host-local and the rules print it (a record written by hand may spell it
-    otherwise: `FD00::2`)."""
-    from cni_reaper.cni.ipaddr import parse_ip
+    otherwise: `FD00::2`): holders.address's reading, the one every rule's address gets."""
+    from cni_reaper.reap.holders import address
 
-    try:
-        return parse_ip(ip)[1]
-    except ValueError:
-        return ip
+    return address(ip) or ip
 
 
 class Holdings:
