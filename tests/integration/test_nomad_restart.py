@@ -6,6 +6,8 @@ and runs ADD again at the same path, with no DEL in between."""
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 
 import pytest
 
@@ -55,6 +57,69 @@ def test_recreate_after_a_failed_check_succeeds_and_leaves_nothing_of_the_old_li
     final = nomad.driver("del", cid, netns, PORTS)
     assert final.returncode == 0, final.stderr
     assert nomad.residue("nomad-reaper", cid, old_ips + new_ips) == []
+
+
+def _recreate_while_the_old_namespace_lives(sb, cid: str, netns: str, seconds: float) -> subprocess.Popen:
+    """Nomad's destroy-and-make-again of an allocation's netns, with a process left in the old namespace for
+    `seconds`: the namespace, its veth and the address on it live on until the process exits, as they do
+    until the kernel has taken the namespace down (some time after its last holder went; under load seconds
+    later, when the runtime's STATUS and ADD have long started)."""
+    name = netns.rsplit("/", 1)[1]
+    holder = subprocess.Popen(["ip", "netns", "exec", name, "sh", "-c", f"echo in; exec sleep {seconds}"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "in\n"  # in the namespace before it goes
+    sh("ip", "netns", "del", name)
+    sh("ip", "netns", "add", name)
+    return holder
+
+
+def test_a_recreate_waits_for_the_veth_of_the_namespace_being_taken_down(nomad):
+    """The old namespace outlives its removal by 1.5 s: the STATUS before the re-ADD waits for its veth to go
+    (within the hold of the state lock) and releases the old life, and the re-ADD succeeds; judged at once,
+    the veth still there says the old life is alive, and bridge refuses the re-ADD (a duplicate allocation),
+    leaving a veth in the new namespace that makes every retry fail too."""
+    cid = unique("alloc-")
+    netns = nomad.container()
+    old_ips = ips_of(nomad.driver("add", cid, netns, PORTS))
+    holder = _recreate_while_the_old_namespace_lives(nomad, cid, netns, 1.5)
+    try:
+        readd = nomad.driver("add", cid, netns, PORTS)
+        assert readd.returncode == 0, readd.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    new_ips = ips_of(readd)
+    gone = [ip for ip in old_ips if ip not in new_ips]
+    assert [l for l in nomad.residue("nomad-reaper", cid, gone) if any(f"{ip}/" in l or f"{ip}:" in l for ip in gone)] == []
+    assert nomad.reach(netns, "172.26.64.1", 8080, "second life") == "second life"
+
+
+def test_a_process_left_in_the_old_namespace_keeps_the_old_life_and_status_waits_no_longer_than_the_hold(nomad):
+    """A process that stays in the old namespace keeps it, its veth and its address alive: STATUS waits for the
+    veth no longer than the hold of the state lock (5 s of the default 10 s lockTimeout: another allocation's
+    cni-reaper waiting for the lock is served), then leaves the old life whole; once the process is gone, the
+    next STATUS releases it."""
+    cid = unique("alloc-")
+    netns = nomad.container()
+    old_ips = ips_of(nomad.driver("add", cid, netns, PORTS))
+    holder = _recreate_while_the_old_namespace_lives(nomad, cid, netns, 60)
+    try:
+        started = time.monotonic()
+        code, _, err = nomad.status()
+        took = time.monotonic() - started
+        assert code == 0, err
+        assert took < 8, f"STATUS took {took:.1f} s"
+        assert set(nomad.reservations("nomad-reaper")) >= set(old_ips)
+        assert nomad.record(cid)["current"]["ips"], "the old life was dropped while its namespace lives"
+    finally:
+        holder.kill()
+        holder.wait()
+    deadline = time.monotonic() + 60
+    while set(old_ips) & set(nomad.reservations("nomad-reaper")) and time.monotonic() < deadline:
+        code, _, err = nomad.status()
+        assert code == 0, err
+        time.sleep(0.2)
+    assert not set(old_ips) & set(nomad.reservations("nomad-reaper"))
 
 
 def test_without_cni_reaper_the_recreate_is_refused(nomad):

@@ -91,7 +91,8 @@ class Walk:
         proc = self.sb.driver("add", a.cid, a.netns, a.ports, conflist or self.conflist)
         if proc.returncode != 0:
             if expect:
-                self.fail(f"{what} of {a.cid} failed though the plugins alone accept it: {proc.stderr[-400:]}")
+                self.fail(f"{what} of {a.cid} failed though the plugins alone accept it: {proc.stderr[-400:]}\n"
+                          f"cni-reaper's log of it, and its last lines:\n{self.log_of(a.cid)}")
             self.errors.append(f"{what} of {a.cid}: {proc.stderr[-300:]}")
             with self.lock:
                 self.dead[a.cid] = a  # whatever its failed ADD or an earlier life left must go
@@ -197,6 +198,14 @@ class Walk:
         self.sb.reboot(tmpfs_dirs=("networks",))
         self.dead.update(self.live)
         self.live.clear()
+
+    def log_of(self, cid: str, last: int = 12) -> str:
+        """The log's lines that name `cid` (the last `last`), then its last `last` lines: what to read first."""
+        try:
+            lines = self.sb.log_file.read_text(errors="replace").splitlines()
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join([*[l for l in lines if cid in l][-last:], "...", *lines[-last:]])
 
     def fail(self, why: str) -> None:
         with self.lock:

@@ -13,7 +13,8 @@ A recorded life (one ADD of an attachment) is
   holds no namespace or another one (another inode, or the same recycled inode made at another time); or
   when, in the network namespace it was recorded in, the host side of its veth pair is gone or is another
   link (the pair dies with the container's namespace, and that is seen from any mount namespace);
-- alive when its path still holds the very namespace recorded, or its veth is still there;
+- alive when its path still holds the very namespace recorded, or its veth is still there (the STATUS before a
+  recreate's ADD waits a while for the veth of a namespace just replaced at its path: _gone_with_the_replaced);
 - unknown otherwise: /proc is not there, the state was written on another machine, the netns directory here
   is another one (a private mount namespace, a tmpfs over /var/run/netns) and the veth cannot be looked at
   (none recorded, or this process runs in another network namespace).
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.index import Entry, QuickView
     from cni_reaper.state.record import DirId, HostId, Life, NetnsId, Veth
 
+from cni_reaper.files import hold_deadline
 from cni_reaper.reap import probes
 from cni_reaper.state.record import HELD_MAX_SECONDS
 
@@ -85,11 +87,15 @@ class Facts:
 class View:
     """What this process can see now: the host, and per sweep the identities of the netns directories it looked
     at and the peer groups of the mounts they are on. `blind`: why something could not be judged, how often.
-    `at_once`: what is held waits for no retry time (an operator's sweep, GC: judge_left)."""
+    `at_once`: what is held waits for no retry time (an operator's sweep, GC: judge_left). `recreate_wait`:
+    for how many seconds after another namespace was put at a life's path its veth, which the kernel takes
+    down some time after the last holder of the recorded namespace went (under load, seconds later), is
+    waited for (the STATUS before a recreate's ADD: _gone_with_the_replaced); 0: never."""
 
-    def __init__(self, host: probes.Host | None = None, at_once: bool = False) -> None:
+    def __init__(self, host: probes.Host | None = None, at_once: bool = False, recreate_wait: float = 0.0) -> None:
         self.host = host or probes.host()
         self.at_once = at_once
+        self.recreate_wait = recreate_wait
         self._dirs: dict[str, tuple | None] = {}
         self._groups: dict[tuple[str, str, tuple[bytes, ...]], frozenset[int]] = {}
         self.blind: dict[str, int] = {}
@@ -154,7 +160,16 @@ def _path_evidence(f: Facts, view: View) -> tuple[str | None, str]:
     return DEAD, f"its netns path {f.netns} holds another namespace"
 
 
-def _link_evidence(f: Facts, view: View) -> tuple[str | None, str]:
+def _link_evidence(f: Facts, view: View, path: str | None = None) -> tuple[str | None, str]:
+    """What the veth recorded says; `path`: what the netns path said (a veth still there beside a path that
+    holds another namespace is waited for in a recreate's STATUS: _gone_with_the_replaced)."""
+    link, why = _veth_evidence(f, view)
+    if link == LIVE and path == DEAD and view.recreate_wait > 0:
+        return _gone_with_the_replaced(f, view) or (link, why)
+    return link, why
+
+
+def _veth_evidence(f: Facts, view: View) -> tuple[str | None, str]:
     if f.veth is None:
         return None, "no veth recorded"
     if f.host_netns is None or f.host_netns != view.host.netns:
@@ -166,6 +181,26 @@ def _link_evidence(f: Facts, view: View) -> tuple[str | None, str]:
     if index == f.veth_index:
         return LIVE, f"its veth {f.veth} is there"
     return DEAD, f"its veth {f.veth} is gone" if index is None else f"{f.veth} is another link now"
+
+
+def _gone_with_the_replaced(f: Facts, view: View) -> tuple[str, str] | None:
+    """A life whose path holds another namespace now, made less than `view.recreate_wait` seconds ago, while
+    the veth recorded is still there: the veth is waited for until then, within the hold of the lock held
+    (files.hold_deadline). Gone: DEAD (the pair went with the namespace recorded); else None (it stays what
+    the veth says: something may still hold that namespace, and its address)."""
+    try:
+        now = probes.netns_id(f.netns)
+    except probes.Unseen:
+        return None
+    if now is None or now.ctime is None or f.veth is None:
+        return None
+    until = time.monotonic() + now.ctime / 1e9 + view.recreate_wait - time.time()
+    held = hold_deadline()
+    if held is not None:
+        until = min(until, held[0])
+    if not probes.link_goes(f.veth, f.veth_index, until):
+        return None
+    return DEAD, f"its netns path {f.netns} holds another namespace, and its veth {f.veth} went with the one recorded"
 
 
 def judge_life(f: Facts, view: View) -> tuple[str, str]:
@@ -181,7 +216,7 @@ def judge_life(f: Facts, view: View) -> tuple[str, str]:
     path, path_why = _path_evidence(f, view)
     if path == LIVE:
         return LIVE, path_why
-    link, link_why = _link_evidence(f, view)
+    link, link_why = _link_evidence(f, view, path)
     if link == LIVE:
         return LIVE, link_why
     if path == DEAD:

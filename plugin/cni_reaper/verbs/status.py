@@ -5,7 +5,9 @@ Only an unusable state directory makes STATUS fail: Nomad (1.9.5+) skips the who
 STATUS fails, so a clean-up that cannot run (iptables missing or broken, the xtables lock held) is logged by
 the sweep and retried later, never reported as "unavailable". Its sweep is the one a recreate needs (the
 old life's reservation released before bridge's ADD): it waits for the state lock as ADD does, logs when it
-had to, and when the lock stays held says so (the next call sweeps again)."""
+had to, and when the lock stays held says so (the next call sweeps again). The old life's veth goes only
+when the kernel has taken its namespace down, some time after the runtime removed it (under load, seconds):
+its sweep waits for that veth, within the hold of the state lock (evidence.View's `recreate_wait`)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ def _sweep(conf: Any) -> None:
     """Sweep if the state directory exists; STATUS itself never fails for it."""
     if not os.path.isdir(conf.stateDir):
         return
+    from cni_reaper.files import hold_seconds
+    from cni_reaper.reap.evidence import View
     from cni_reaper.reap.sweep import sweep_quietly
     from cni_reaper.state.store import Store
 
@@ -45,7 +49,8 @@ def _sweep(conf: Any) -> None:
         with store.locked():
             if store.waited > 0.1:
                 log.info("waited for the state lock", seconds=round(store.waited, 3))
-            sweep_quietly(store, conf)
+            # a recreate's old life: its namespace, replaced at its path, may still be in the kernel's hands
+            sweep_quietly(store, conf, view=View(recreate_wait=hold_seconds(conf.lockTimeout)))
     except CniError as err:
         if err.code == TRY_AGAIN_LATER:
             log.warn("sweep skipped: the state lock stayed held; the next call sweeps", error=err.msg)
