@@ -7,7 +7,7 @@ the sweep and retried later, never reported as "unavailable". Its sweep is the o
 old life's reservation released before bridge's ADD): it waits for the state lock as ADD does, logs when it
 had to, and when the lock stays held says so (the next call sweeps again). The old life's veth goes only
 when the kernel has taken its namespace down, some time after the runtime removed it (under load, seconds):
-its sweep waits for that veth, within the hold of the state lock (evidence.View's `recreate_wait`)."""
+its sweep waits for that veth, for half the hold of the state lock (evidence.View's `recreate_wait`)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,9 @@ def _sweep(conf: Any) -> None:
         with store.locked():
             if store.waited > 0.1:
                 log.info("waited for the state lock", seconds=round(store.waited, 3))
-            # a recreate's old life: its namespace, replaced at its path, may still be in the kernel's hands
-            sweep_quietly(store, conf, view=View(recreate_wait=hold_seconds(conf.lockTimeout)))
+            # a recreate's old life: its namespace, replaced at its path, may still be in the kernel's hands;
+            # half the hold at most, the other half left to the clean-up's tools
+            sweep_quietly(store, conf, view=View(recreate_wait=hold_seconds(conf.lockTimeout) / 2))
     except CniError as err:
         if err.code == TRY_AGAIN_LATER:
             log.warn("sweep skipped: the state lock stayed held; the next call sweeps", error=err.msg)
