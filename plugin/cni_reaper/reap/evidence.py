@@ -194,7 +194,8 @@ def _gone_with_the_replaced(f: Facts, view: View) -> tuple[str, str] | None:
         return None
     if now is None or now.ctime is None or f.veth is None:
         return None
-    until = time.monotonic() + now.ctime / 1e9 + view.recreate_wait - time.time()
+    start = time.monotonic()  # a clock set back makes the namespace look younger: never more than the wait
+    until = start + min(view.recreate_wait, now.ctime / 1e9 + view.recreate_wait - time.time())
     held = hold_deadline()
     if held is not None:
         until = min(until, held[0])
