@@ -60,17 +60,12 @@ HOLD_SHARE = 0.5
 _HELD: list[tuple[float, str]] = []  # (end, what is held) of each lock held now
 
 
-def hold_seconds(lock_timeout: float) -> float:
-    """How long cni-reaper may keep a lock whose waiters give up after `lock_timeout` seconds."""
-    return lock_timeout * HOLD_SHARE
-
-
 class holding:  # lower case: used as a function, `with holding(lock_timeout, what):`
     """A lock others wait for, and cni-reaper within `lock_timeout`, is held (`what`): work that may hang ends
     within HOLD_SHARE of `lock_timeout` from now."""
 
     def __init__(self, lock_timeout: float, what: str) -> None:
-        self.seconds = hold_seconds(lock_timeout)
+        self.seconds = lock_timeout * HOLD_SHARE
         self.what = f"within the {self.seconds:g} s cni-reaper may hold {what}"
         self.entry: tuple[float, str] | None = None
 

@@ -351,14 +351,15 @@ class Sandbox:
 
     def driver(self, op: str, cid: str = "", netns: str = "", ports: tuple[str, ...] = (), conflist: Path | None = None,
                args: tuple[str, ...] = (), ports_shape: str = "omit", valid: tuple[str, ...] = (),
-               settle: bool = True) -> subprocess.CompletedProcess:
-        """One operation through the stack's runtime, called as Nomad calls it (Status() first on 1.9.5+); then,
-        unless `settle` is false, the wait for what cni-reaper left for after its answer (`settle`)."""
+               settle: bool = True, status: bool | None = None) -> subprocess.CompletedProcess:
+        """One operation through the stack's runtime, called as Nomad calls it (Status() first on 1.9.5+; `status`
+        False: not, as Nomad sends CHECK); then, unless `settle` is false, the wait for what cni-reaper left for
+        after its answer (`settle`)."""
         assert self.driver_bin, "this sandbox has no go-cni driver"
         argv = [self.driver_bin, "-conflist", str(conflist or self.conflist()), "-plugindir",
                 self.plugin_path or f"{self.plugin_dir}:{self.plugins}", "-op", op, "-id", cid, "-netns", netns,
                 "-ports", ports_shape]
-        if self.stack.status:
+        if self.stack.status and status is not False:
             argv.append("-status")
         for p in ports:
             argv += ["-port", p]

@@ -1,6 +1,6 @@
-"""The STATUS's wait for the veth of a namespace just replaced at a recorded path (evidence._gone_with_the_replaced)
-in the branches the real thing cannot be made to take here: a clock set back (the new namespace's change time
-in the future) and a lock's hold shorter than the wait. The namespace at the path and the link are stand-ins;
+"""The STATUS's wait for the veth of a namespace just replaced at a recorded path (evidence._note_lingering and
+await_lingering) in the branches the real thing cannot be made to take here: a clock set back (the new
+namespace's change time in the future), a namespace made long ago. The namespace at the path and the link are stand-ins;
 the recreate itself runs for real in tests/integration/test_nomad_restart.py."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from cni_reaper import files
 from cni_reaper.reap import evidence, probes
 from cni_reaper.state.record import NetnsId, Veth
 
@@ -39,31 +38,29 @@ def facts() -> evidence.Facts:
     return evidence.Facts("/var/run/netns/alloc", NetnsId(4, 4026532111, 1), None, None, VETH)
 
 
-def waited(view: evidence.View) -> tuple[tuple[str, str] | None, float]:
+def waited(view: evidence.View) -> tuple[bool, float]:
+    """What the judgement noted of the life, then the wait for it: (whether its veth went, how long it took)."""
+    evidence._note_lingering(facts(), view)
     start = time.monotonic()
-    found = evidence._gone_with_the_replaced(facts(), view)
-    return found, time.monotonic() - start
+    went = evidence.await_lingering(view)
+    return went, time.monotonic() - start
 
 
-def test_a_veth_that_goes_within_the_wait_makes_the_life_dead(replaced):
+def test_a_veth_that_goes_within_the_wait_is_told(replaced):
     replaced["goes"] = 3
-    found, _ = waited(evidence.View(recreate_wait=2.0))
-    assert found is not None and found[0] == evidence.DEAD and VETH.name in found[1]
+    went, _ = waited(evidence.View(recreate_wait=2.0))
+    assert went
 
 
 def test_a_clock_set_back_never_makes_the_wait_longer_than_the_wait(replaced):
     replaced["age"] = -60.0  # made "in a minute": the clock was set back since
-    found, took = waited(evidence.View(recreate_wait=0.3))
-    assert found is None and 0.25 <= took < 1.0, took
+    went, took = waited(evidence.View(recreate_wait=0.3))
+    assert not went and 0.25 <= took < 1.0, took
 
 
 def test_a_namespace_older_than_the_wait_is_not_waited_for(replaced):
     replaced["age"] = 5.0
-    found, took = waited(evidence.View(recreate_wait=2.0))
-    assert found is None and took < 0.2 and replaced["looks"] == 1, (took, replaced)
+    view = evidence.View(recreate_wait=2.0)
+    went, took = waited(view)
+    assert not went and view.lingering == [] and took < 0.2, took
 
-
-def test_the_wait_ends_with_the_hold_of_the_lock_held(replaced):
-    with files.holding(0.6, "a test lock"):  # a hold of 0.3 s
-        found, took = waited(evidence.View(recreate_wait=5.0))
-    assert found is None and took < 1.0, took

@@ -14,7 +14,8 @@ A recorded life (one ADD of an attachment) is
   when, in the network namespace it was recorded in, the host side of its veth pair is gone or is another
   link (the pair dies with the container's namespace, and that is seen from any mount namespace);
 - alive when its path still holds the very namespace recorded, or its veth is still there (the STATUS before a
-  recreate's ADD waits a while for the veth of a namespace just replaced at its path: _gone_with_the_replaced);
+  recreate's ADD waits a while, holding no lock, for the veth of a namespace just replaced at its path, then
+  sweeps again: await_lingering);
 - unknown otherwise: /proc is not there, the state was written on another machine, the netns directory here
   is another one (a private mount namespace, a tmpfs over /var/run/netns) and the veth cannot be looked at
   (none recorded, or this process runs in another network namespace).
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.index import Entry, QuickView
     from cni_reaper.state.record import DirId, HostId, Life, NetnsId, Veth
 
-from cni_reaper.files import hold_deadline
+from cni_reaper import log
 from cni_reaper.reap import probes
 from cni_reaper.state.record import HELD_MAX_SECONDS
 
@@ -89,13 +90,15 @@ class View:
     at and the peer groups of the mounts they are on. `blind`: why something could not be judged, how often.
     `at_once`: what is held waits for no retry time (an operator's sweep, GC: judge_left). `recreate_wait`:
     for how many seconds after another namespace was put at a life's path its veth, which the kernel takes
-    down some time after the last holder of the recorded namespace went (under load, seconds later), is
-    waited for (the STATUS before a recreate's ADD: _gone_with_the_replaced); 0: never."""
+    down some time after the last holder of the recorded namespace went (under load, seconds later), may be
+    waited for: such veths are noted in `lingering` (the STATUS before a recreate's ADD waits for them with
+    no lock held, await_lingering, and sweeps again); 0: none is noted."""
 
     def __init__(self, host: probes.Host | None = None, at_once: bool = False, recreate_wait: float = 0.0) -> None:
         self.host = host or probes.host()
         self.at_once = at_once
         self.recreate_wait = recreate_wait
+        self.lingering: list[Lingering] = []
         self._dirs: dict[str, tuple | None] = {}
         self._groups: dict[tuple[str, str, tuple[bytes, ...]], frozenset[int]] = {}
         self.blind: dict[str, int] = {}
@@ -162,10 +165,10 @@ def _path_evidence(f: Facts, view: View) -> tuple[str | None, str]:
 
 def _link_evidence(f: Facts, view: View, path: str | None = None) -> tuple[str | None, str]:
     """What the veth recorded says; `path`: what the netns path said (a veth still there beside a path that
-    holds another namespace is waited for in a recreate's STATUS: _gone_with_the_replaced)."""
+    holds another namespace is noted for a recreate's STATUS to wait for: _note_lingering)."""
     link, why = _veth_evidence(f, view)
     if link == LIVE and path == DEAD and view.recreate_wait > 0:
-        return _gone_with_the_replaced(f, view) or (link, why)
+        _note_lingering(f, view)
     return link, why
 
 
@@ -183,25 +186,47 @@ def _veth_evidence(f: Facts, view: View) -> tuple[str | None, str]:
     return DEAD, f"its veth {f.veth} is gone" if index is None else f"{f.veth} is another link now"
 
 
-def _gone_with_the_replaced(f: Facts, view: View) -> tuple[str, str] | None:
+class Lingering:
+    """The veth of a life whose path holds another namespace, made lately: what a recreate's STATUS waits for
+    (await_lingering), until `until` (time.monotonic())."""
+
+    __slots__ = ("index", "name", "ns", "until")
+
+    def __init__(self, name: str, index: int | None, ns: NetnsId | None, until: float) -> None:
+        self.name, self.index, self.ns, self.until = name, index, ns, until
+
+
+def _note_lingering(f: Facts, view: View) -> None:
     """A life whose path holds another namespace now, made less than `view.recreate_wait` seconds ago, while
-    the veth recorded is still there: the veth is waited for until then, within the hold of the lock held
-    (files.hold_deadline). Gone: DEAD (the pair went with the namespace recorded); else None (it stays what
-    the veth says: something may still hold that namespace, and its address)."""
+    the veth recorded is still there: noted, to be waited for until then (never more than the wait: a clock
+    set back makes the namespace look younger)."""
     try:
         now = probes.netns_id(f.netns)
     except probes.Unseen:
-        return None
+        return
     if now is None or now.ctime is None or f.veth is None:
-        return None
-    start = time.monotonic()  # a clock set back makes the namespace look younger: never more than the wait
+        return
+    start = time.monotonic()
     until = start + min(view.recreate_wait, now.ctime / 1e9 + view.recreate_wait - time.time())
-    held = hold_deadline()
-    if held is not None:
-        until = min(until, held[0])
-    if not probes.link_goes(f.veth, f.veth_index, until):
-        return None
-    return DEAD, f"its netns path {f.netns} holds another namespace, and its veth {f.veth} went with the one recorded"
+    if until > start and all(seen.name != f.veth for seen in view.lingering):
+        view.lingering.append(Lingering(f.veth, f.veth_index, f.ns, until))
+
+
+def await_lingering(view: View) -> bool:
+    """Wait, holding no lock, for the veths `view` noted (STATUS, before a recreate's ADD): each until its
+    time, none whose namespace a thread is still in (it goes only when the thread leaves). True when one went:
+    a sweep then finds its life dead."""
+    from cni_reaper.reap.netns import Occupancy
+
+    inside = Occupancy(threads_only=True)
+    went = False
+    for w in view.lingering:
+        if inside.unseen() is None and w.ns is not None and inside.process_in((w.ns.dev, w.ns.ino)) is not None:
+            continue
+        log.info("waiting for the veth of a namespace replaced at its path", veth=w.name,
+                 seconds=round(max(0.0, w.until - time.monotonic()), 3))
+        went = probes.link_goes(w.name, w.index, w.until) or went
+    return went
 
 
 def judge_life(f: Facts, view: View) -> tuple[str, str]:

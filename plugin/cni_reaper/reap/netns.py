@@ -22,10 +22,11 @@ class Occupancy:
 
     __slots__ = ("blind_fds", "blind_threads", "dirs", "fds", "inside", "mounts", "nsfs")
 
-    def __init__(self, dirs: frozenset[str] = frozenset(), proc: str = "/proc") -> None:
+    def __init__(self, dirs: frozenset[str] = frozenset(), proc: str = "/proc", threads_only: bool = False) -> None:
         """`dirs`: the directories the namespaces looked at are mounted in (as the kernel names them: no
         symlink); a descriptor is stat'ed only when it reads as a namespace or as a file there, never one of
-        another file system (a FUSE mount that does not answer would hold the sweep)."""
+        another file system (a FUSE mount that does not answer would hold the sweep). `threads_only`: who is
+        in a namespace, no more (descriptors and mounts are not looked at)."""
         self.dirs = dirs
         try:
             self.nsfs: int | None = os.stat(f"{proc}/self/ns/net").st_dev
@@ -43,8 +44,9 @@ class Occupancy:
         seen_mnt: set[int] = set()
         for pid in pids:
             self._threads(proc, pid)
-            self._descriptors(proc, pid)
-            self._mounts(proc, pid, seen_mnt)
+            if not threads_only:
+                self._descriptors(proc, pid)
+                self._mounts(proc, pid, seen_mnt)
 
     def _threads(self, proc: str, pid: str) -> None:
         try:

@@ -7,7 +7,8 @@ the sweep and retried later, never reported as "unavailable". Its sweep is the o
 old life's reservation released before bridge's ADD): it waits for the state lock as ADD does, logs when it
 had to, and when the lock stays held says so (the next call sweeps again). The old life's veth goes only
 when the kernel has taken its namespace down, some time after the runtime removed it (under load, seconds):
-its sweep waits for that veth, for half the hold of the state lock (evidence.View's `recreate_wait`)."""
+STATUS waits for that veth (up to RECREATE_WAIT after the new namespace was made, no lock held; none that
+a thread is still in) and sweeps again once it went."""
 
 from __future__ import annotations
 
@@ -34,12 +35,24 @@ def run(inv: Invocation) -> None:
     return None
 
 
+RECREATE_WAIT = 5.0  # seconds after a namespace was put at a recorded path that its old veth is waited for
+
+
 def _sweep(conf: Any) -> None:
-    """Sweep if the state directory exists; STATUS itself never fails for it."""
+    """Sweep if the state directory exists; STATUS itself never fails for it. The veths of namespaces just
+    replaced at a recorded path (a recreate's old life, in the kernel's hands) are waited for with no lock
+    held; when one went, the sweep runs again and finds that life dead."""
     if not os.path.isdir(conf.stateDir):
         return
-    from cni_reaper.files import hold_seconds
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.evidence import View, await_lingering
+
+    view = View(recreate_wait=RECREATE_WAIT)
+    _locked_sweep(conf, view)
+    if view.lingering and await_lingering(view):
+        _locked_sweep(conf, View())
+
+
+def _locked_sweep(conf: Any, view: Any) -> None:
     from cni_reaper.reap.sweep import sweep_quietly
     from cni_reaper.state.store import Store
 
@@ -49,9 +62,7 @@ def _sweep(conf: Any) -> None:
         with store.locked():
             if store.waited > 0.1:
                 log.info("waited for the state lock", seconds=round(store.waited, 3))
-            # a recreate's old life: its namespace, replaced at its path, may still be in the kernel's hands;
-            # half the hold at most, the other half left to the clean-up's tools
-            sweep_quietly(store, conf, view=View(recreate_wait=hold_seconds(conf.lockTimeout) / 2))
+            sweep_quietly(store, conf, view=view)
     except CniError as err:
         if err.code == TRY_AGAIN_LATER:
             log.warn("sweep skipped: the state lock stayed held; the next call sweeps", error=err.msg)
