@@ -86,27 +86,42 @@ def _log(sb) -> str:
     return sb.log_file.read_text() if sb.log_file.exists() else ""
 
 
+def _logged(sb, text: str) -> bool:
+    """Whether cni-reaper's log says `text`, looked at for up to 20 s."""
+    deadline = time.monotonic() + 20
+    while text not in _log(sb):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _stop(proc: subprocess.Popen) -> None:
     proc.kill()
     proc.wait()
 
 
 def test_a_recreate_waits_for_the_veth_of_the_namespace_being_taken_down(nomad):
-    """The old namespace outlives its removal by 1.5 s, nothing in it: the STATUS before the re-ADD waits for
-    its veth to go (up to 5 s after the new namespace was made, holding no lock), sweeps again and releases the
-    old life, and the re-ADD succeeds. Judged at once, the veth still there says the old life is alive, and
+    """The old namespace outlives its removal, nothing in it (a descriptor keeps it, let go while the STATUS
+    before the re-ADD waits): that STATUS waits for its veth to go (up to 5 s after the new namespace was made,
+    holding no lock), sweeps again and releases the old life, and the re-ADD succeeds. Judged at once, the veth still there says the old life is alive, and
     bridge refuses the re-ADD (a duplicate allocation), leaving a veth in the new namespace that makes every
     retry fail too."""
     cid = unique("alloc-")
     netns = nomad.container()
     old_ips = ips_of(nomad.driver("add", cid, netns, PORTS))
-    holder = _recreate_while_the_old_namespace_lives(netns, 1.5, "descriptor")
+    holder = _recreate_while_the_old_namespace_lives(netns, 60, "descriptor")
+    done: list[subprocess.CompletedProcess] = []
+    readd = threading.Thread(target=lambda: done.append(nomad.driver("add", cid, netns, PORTS)))
     try:
-        readd = nomad.driver("add", cid, netns, PORTS)
-        assert readd.returncode == 0, readd.stderr
+        readd.start()
+        assert _logged(nomad, "waiting for the veth"), "STATUS did not wait for the old namespace's veth"
+        assert readd.is_alive()
     finally:
-        _stop(holder)
-    new_ips = ips_of(readd)
+        _stop(holder)  # the old namespace's last holder goes: the kernel takes it down, and its veth
+        readd.join()
+    assert done[0].returncode == 0, done[0].stderr
+    new_ips = ips_of(done[0])
     gone = [ip for ip in old_ips if ip not in new_ips]
     assert [l for l in nomad.residue("nomad-reaper", cid, gone) if any(f"{ip}/" in l or f"{ip}:" in l for ip in gone)] == []
     assert nomad.reach(netns, "172.26.64.1", 8080, "second life") == "second life"
@@ -144,17 +159,16 @@ def test_status_waits_for_a_veth_holding_no_lock(nomad):
     ips_of(nomad.driver("add", live, live_ns, ("8081:80/tcp",)))
     old_ips = ips_of(nomad.driver("add", cid, netns, PORTS))
     holder = _recreate_while_the_old_namespace_lives(netns, 60, "descriptor")
-    status = threading.Thread(target=nomad.status)
+    answers: list[tuple] = []
+    status = threading.Thread(target=lambda: answers.append(nomad.status()))
     try:
         status.start()
-        deadline = time.monotonic() + 20
-        while "waiting for the veth" not in _log(nomad) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert status.is_alive(), "STATUS did not wait for the veth"
+        assert _logged(nomad, "waiting for the veth") and status.is_alive(), "STATUS did not wait for the veth"
         check = nomad.driver("check", live, live_ns, ("8081:80/tcp",), status=False)  # Nomad's CHECK: no Status()
         assert check.returncode == 0, check.stderr
         assert status.is_alive(), "the CHECK waited for the STATUS"
         status.join()
+        assert answers[0][0] == 0, answers
         assert set(nomad.reservations("nomad-reaper")) >= set(old_ips) and nomad.record(cid) is not None
     finally:
         status.join()

@@ -351,7 +351,7 @@ class Sandbox:
 
     def driver(self, op: str, cid: str = "", netns: str = "", ports: tuple[str, ...] = (), conflist: Path | None = None,
                args: tuple[str, ...] = (), ports_shape: str = "omit", valid: tuple[str, ...] = (),
-               settle: bool = True, status: bool | None = None) -> subprocess.CompletedProcess:
+               settle: bool = True, status: bool = True) -> subprocess.CompletedProcess:
         """One operation through the stack's runtime, called as Nomad calls it (Status() first on 1.9.5+; `status`
         False: not, as Nomad sends CHECK); then, unless `settle` is false, the wait for what cni-reaper left for
         after its answer (`settle`)."""
@@ -359,7 +359,7 @@ class Sandbox:
         argv = [self.driver_bin, "-conflist", str(conflist or self.conflist()), "-plugindir",
                 self.plugin_path or f"{self.plugin_dir}:{self.plugins}", "-op", op, "-id", cid, "-netns", netns,
                 "-ports", ports_shape]
-        if self.stack.status and status is not False:
+        if self.stack.status and status:
             argv.append("-status")
         for p in ports:
             argv += ["-port", p]

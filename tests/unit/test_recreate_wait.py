@@ -5,6 +5,7 @@ the recreate itself runs for real in tests/integration/test_nomad_restart.py."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -34,13 +35,14 @@ def replaced(monkeypatch):
     return state
 
 
-def facts() -> evidence.Facts:
-    return evidence.Facts("/var/run/netns/alloc", NetnsId(4, 4026532111, 1), None, None, VETH)
+def facts(ns: NetnsId | None = None) -> evidence.Facts:
+    """A life recorded in `ns` (by default one no thread can be in: no nsfs has device 999999)."""
+    return evidence.Facts("/var/run/netns/alloc", ns or NetnsId(999999, 4026532111, 1), None, None, VETH)
 
 
-def waited(view: evidence.View) -> tuple[bool, float]:
+def waited(view: evidence.View, ns: NetnsId | None = None) -> tuple[bool, float]:
     """What the judgement noted of the life, then the wait for it: (whether its veth went, how long it took)."""
-    evidence._note_lingering(facts(), view)
+    evidence._note_lingering(facts(ns), view)
     start = time.monotonic()
     went = evidence.await_lingering(view)
     return went, time.monotonic() - start
@@ -64,3 +66,10 @@ def test_a_namespace_older_than_the_wait_is_not_waited_for(replaced):
     went, took = waited(view)
     assert not went and view.lingering == [] and took < 0.2, took
 
+
+
+def test_a_namespace_a_thread_is_in_is_not_waited_for(replaced):
+    """The life recorded in this very process's namespace (a thread is in it: it lives on, and its veth)."""
+    st = os.stat("/proc/self/ns/net")
+    went, took = waited(evidence.View(recreate_wait=2.0), NetnsId(st.st_dev, st.st_ino, 1))
+    assert not went and replaced["looks"] == 0 and took < 1.5, (took, replaced)

@@ -192,7 +192,7 @@ class Lingering:
 
     __slots__ = ("index", "name", "ns", "until")
 
-    def __init__(self, name: str, index: int | None, ns: NetnsId | None, until: float) -> None:
+    def __init__(self, name: str, index: int, ns: NetnsId | None, until: float) -> None:
         self.name, self.index, self.ns, self.until = name, index, ns, until
 
 
@@ -204,7 +204,7 @@ def _note_lingering(f: Facts, view: View) -> None:
         now = probes.netns_id(f.netns)
     except probes.Unseen:
         return
-    if now is None or now.ctime is None or f.veth is None:
+    if now is None or now.ctime is None or f.veth is None or f.veth_index is None:
         return
     start = time.monotonic()
     until = start + min(view.recreate_wait, now.ctime / 1e9 + view.recreate_wait - time.time())
@@ -213,20 +213,40 @@ def _note_lingering(f: Facts, view: View) -> None:
 
 
 def await_lingering(view: View) -> bool:
-    """Wait, holding no lock, for the veths `view` noted (STATUS, before a recreate's ADD): each until its
-    time, none whose namespace a thread is still in (it goes only when the thread leaves). True when one went:
-    a sweep then finds its life dead."""
+    """Wait, holding no lock, for the veths `view` noted (STATUS, before a recreate's ADD): until the first of
+    them goes (True: a sweep then finds its life dead) or each one's time is over (False). None is waited for
+    whose namespace a thread is still in (it goes only when the thread leaves), when every thread could be
+    looked at."""
+    waiting = _worth_waiting(view.lingering)
+    if waiting:
+        log.info("waiting for the veth of a namespace replaced at its path", veths=[w.name for w in waiting],
+                 seconds=round(max(w.until for w in waiting) - time.monotonic(), 3))
+    pause = 0.002
+    while waiting:
+        for w in waiting:
+            try:
+                if probes.link_index(w.name) != w.index:
+                    return True
+            except probes.Unseen:  # a look that fails is no going: not looked at again
+                w.until = 0.0
+        now = time.monotonic()
+        waiting = [w for w in waiting if w.until > now]
+        if waiting:
+            time.sleep(min(pause, min(w.until for w in waiting) - now))
+            pause = min(pause * 2, 0.05)
+    return False
+
+
+def _worth_waiting(noted: list[Lingering]) -> list[Lingering]:
+    """The noted veths but those whose namespace a thread is in (all of them when a thread could not be seen)."""
+    if not any(w.ns is not None for w in noted):
+        return list(noted)
     from cni_reaper.reap.netns import Occupancy
 
     inside = Occupancy(threads_only=True)
-    went = False
-    for w in view.lingering:
-        if inside.unseen() is None and w.ns is not None and inside.process_in((w.ns.dev, w.ns.ino)) is not None:
-            continue
-        log.info("waiting for the veth of a namespace replaced at its path", veth=w.name,
-                 seconds=round(max(0.0, w.until - time.monotonic()), 3))
-        went = probes.link_goes(w.name, w.index, w.until) or went
-    return went
+    if inside.unseen() is not None:
+        return list(noted)
+    return [w for w in noted if w.ns is None or inside.process_in((w.ns.dev, w.ns.ino)) is None]
 
 
 def judge_life(f: Facts, view: View) -> tuple[str, str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
 
 TYPE_CHECKING = False  # annotations only: importing typing costs milliseconds on every call
 if TYPE_CHECKING:
@@ -358,23 +357,6 @@ def link_index(name: str) -> int | None:
     except OSError as exc:
         raise Unseen(f"the links of this namespace ({name})", exc) from None
     return next((index for index, n in listed if n == name), None)
-
-
-def link_goes(name: str, index: int | None, until: float) -> bool:
-    """Whether the link `name` (of index `index`) is gone, or another link has its name, by `until`
-    (time.monotonic()): looked at again every few milliseconds. A look that fails is no going."""
-    pause = 0.002
-    while True:
-        try:
-            if link_index(name) != index:
-                return True
-        except Unseen:
-            return False
-        left = until - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.05)
 
 
 def veth_gone(name: str) -> bool:

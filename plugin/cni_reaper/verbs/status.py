@@ -1,5 +1,6 @@
 """STATUS: can an ADD be served? Cheap: a few stat calls, and with nothing stale no subprocess (Nomad 1.9.5+
-calls it before every ADD and DEL).
+calls it before every ADD and DEL); up to 5 s more, and a look at every thread in /proc, only in the
+seconds after a recorded netns path got another namespace while the old one's veth is still there (below).
 
 Only an unusable state directory makes STATUS fail: Nomad (1.9.5+) skips the whole DEL of an allocation when
 STATUS fails, so a clean-up that cannot run (iptables missing or broken, the xtables lock held) is logged by
@@ -48,7 +49,14 @@ def _sweep(conf: Any) -> None:
 
     view = View(recreate_wait=RECREATE_WAIT)
     _locked_sweep(conf, view)
-    if view.lingering and await_lingering(view):
+    if not view.lingering:
+        return
+    try:
+        went = await_lingering(view)
+    except Exception as exc:  # noqa: BLE001 - STATUS never fails for a look (Nomad would skip the DEL)
+        log.warn("the wait for a replaced namespace's veth failed", error=f"{type(exc).__name__}: {exc}")
+        return
+    if went:
         _locked_sweep(conf, View())
 
 
