@@ -380,16 +380,15 @@ def _walk(sb: Sandbox, flavour: str, seed: int) -> str | None:
     history: list[str] = []
     replay = (f"replay: CNI_REAPER_PROPERTY_SEED={seed} CNI_REAPER_PROPERTY_STEPS={STEPS} "
               f"CNI_REAPER_PROPERTY_FLAVOURS={flavour}")
-    for n in range(STEPS):
+    n = 0
+    # a walk that ends on a boot takes the step after it (one ADD): until that ADD makes host-local's directory
+    # again, nothing proves dead the leaks the boot's restore brought back
+    while n < STEPS or walk.booted:
         history.append(f"{n}: " + ", ".join(walk.step()))
         walk.verify()
         if walk.failures:
             return f"{replay}\n" + "\n".join(walk.failures[:5]) + "\nlast steps:\n" + "\n".join(history[-8:])
-    if walk.booted:  # the last step was a boot: until its first ADD makes host-local's directory again, nothing
-        history.append(f"{STEPS}: " + ", ".join(walk.step()))  # proves dead the leaks its restore brought back
-        walk.verify()
-        if walk.failures:
-            return f"{replay}\n" + "\n".join(walk.failures[:5]) + "\nlast steps:\n" + "\n".join(history[-8:])
+        n += 1
     walk.cli("sweep", "--apply", "--orphans")
     walk.status()
     if walk.leftovers() != []:

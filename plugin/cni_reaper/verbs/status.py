@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.cni.shell import Invocation
+    from cni_reaper.reap.evidence import View
 
 from cni_reaper import log
 from cni_reaper.errors import STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
@@ -60,7 +61,7 @@ def _sweep(conf: Any) -> None:
         _locked_sweep(conf, View())
 
 
-def _locked_sweep(conf: Any, view: Any) -> None:
+def _locked_sweep(conf: Any, view: View) -> None:
     from cni_reaper.reap.sweep import sweep_quietly
     from cni_reaper.state.store import Store
 
