@@ -487,8 +487,8 @@ class RecordSettings(BaseModel):
 
 
 def _strict_int(v: Any) -> Any:
-    if isinstance(v, bool):  # strict Literal[1] takes True (True == 1): the record's schema is a number
-        raise ValueError("schema must be a number")
+    if type(v) is not int:  # strict Literal[1] takes True and 1.0 (both == 1): the record's schema is an integer
+        raise ValueError("schema must be an integer")
     return v
 
 

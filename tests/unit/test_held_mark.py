@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from cni_reaper.reap.evidence import DEAD, DONE, EXPIRED, HELD, LEFT, LIVE, UNKNOWN, WAIT, judge_left
+from cni_reaper.judge.life import Sign, decide_record
+from cni_reaper.judge.verdict import DEAD, HELD, LEFT, LIVE, UNKNOWN, WAIT
+from cni_reaper.reap.evidence import RecordObserved
 from cni_reaper.state import record
 
 
@@ -14,22 +16,36 @@ class _View:
         self.at_once = at_once
 
 
-@pytest.mark.parametrize(("state", "left", "tombstoned", "at_once", "now", "want"), [
-    (DEAD, False, False, False, 0.0, None),  # no mark: the evidence stands
+class _Life:
+    blind, other_machine, rebooted = None, False, False
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.veth = Sign(path, "path"), Sign(None, "veth")
+
+
+class _Deleted:
+    done, over = False, False
+
+
+@pytest.mark.parametrize(("path", "left", "tombstoned", "at_once", "now", "want"), [
+    (DEAD, False, False, False, 0.0, DEAD),  # no mark: the evidence stands
     (DEAD, True, False, False, 0.0, LEFT),  # left for the runtime's DEL or GC
-    (DONE, True, True, False, 0.0, None),  # ... which a tombstone has taken over
-    (LIVE, True, False, False, 0.0, None),  # alive wins over any mark
+    (DEAD, True, True, False, 0.0, WAIT),  # ... which a tombstone has taken over
+    (LIVE, True, False, False, 0.0, LIVE),  # alive wins over a left mark
     (DEAD, 100.0, False, False, 99.0, HELD),  # held, before its time
-    (DONE, 100.0, True, False, 99.0, HELD),  # torn down and held
-    (EXPIRED, 100.0, True, False, 99.0, HELD),
-    (DEAD, 100.0, False, False, 100.0, None),  # its time has come: judged again as any dead one
-    (DEAD, 100.0, False, True, 0.0, None),  # an operator's sweep, GC: at once
-    (LIVE, 100.0, False, False, 0.0, None),
-    (UNKNOWN, 100.0, False, False, 0.0, None),  # what cannot be judged stays so
-    (WAIT, 100.0, True, False, 0.0, None),
+    (DEAD, 100.0, True, False, 99.0, HELD),  # torn down and held
+    (DEAD, 100.0, False, False, 100.0, DEAD),  # its time has come: judged again as any dead one
+    (DEAD, 100.0, False, True, 0.0, DEAD),  # an operator's sweep, GC: at once
+    (LIVE, 100.0, False, False, 0.0, HELD),  # held: not looked at before its time (it protects all the same)
+    (None, 100.0, False, False, 100.0, UNKNOWN),  # what cannot be judged stays so
 ])
-def test_what_a_mark_makes_of_a_judgement(state, left, tombstoned, at_once, now, want):
-    assert judge_left(state, left, tombstoned, _View(at_once), now) == want
+def test_what_a_mark_makes_of_a_judgement(path, left, tombstoned, at_once, now, want):
+    f = RecordObserved.__new__(RecordObserved)
+    f.life, f.word, f.far, f.deleted = _Life(path), None, None, _Deleted() if tombstoned else None
+    f.held_due = None if isinstance(left, bool) else not (not at_once and now < left)
+    f.left = "left" if left is True else None
+    f.mark_why = "held"
+    assert decide_record(f).state == want
 
 
 def test_the_wait_doubles_up_to_an_hour_and_every_mark_reads_back():

@@ -19,18 +19,27 @@ def file_with(networks=None, keys=None, problem=""):
 
 def test_observe_wins_over_every_clean():
     f = file_with({"w": {"mode": "observe"}})
-    assert modes.resolved({"w": "clean", "c": "clean"}, {"w"}, f, ["w", "c"]) == {"w": "observe", "c": "clean"}
-    assert modes.resolved({"c": "observe"}, set(), file_with({"c": {"mode": "clean"}}), ["c"])["c"] == "observe"
+    s = modes.sources({"w": "clean", "c": "clean"}, {"w"}, f)
+    assert (s.of("w"), s.of("c")) == ("observe", "clean")
+    assert modes.sources({"c": "observe"}, set(), file_with({"c": {"mode": "clean"}})).of("c") == "observe"
 
 
-def test_the_files_top_level_mode_is_every_wrapped_networks_only():
-    out = modes.resolved({}, {"w1", "w2"}, file_with(keys={"mode": "observe"}), ["chained"])
-    assert out == {"w1": "observe", "w2": "observe"}  # the wrapped networks, not only those with records here
+def test_the_files_top_level_mode_governs_every_network_that_does_not_chain_cni_reaper():
+    s = modes.sources({"chained": "clean", "w1": "clean"}, {"w1", "w2"}, file_with(keys={"mode": "observe"}))
+    assert s.of("w1") == s.of("w2") == "observe"  # the wrapped networks, not only those with records here
+    assert s.of("never") == "observe"  # a leak of a network no call noted yet (issue 42, case 1)
+    assert s.of("chained") == "clean"  # its conflist says clean
+
+
+def test_the_mode_of_the_call_that_found_a_target_governs_networks_that_never_chained_cni_reaper():
+    s = modes.sources({"nomad": "observe", "chained": "clean"}, set(), None, finder="observe")
+    assert s.of("other") == "observe"  # issue 42, case 2: observe only, nothing removed anywhere
+    assert s.of("chained") == "clean"
 
 
 def test_a_settings_file_that_cannot_be_used_observes_its_networks():
-    out = modes.resolved({"w": "clean", "c": "clean"}, {"w"}, file_with({"n": {}}, problem="not JSON"), ["w", "c"])
-    assert out == {"w": "observe", "n": "observe", "c": "clean"}
+    s = modes.sources({"w": "clean", "c": "clean"}, {"w"}, file_with({"n": {}}, problem="not JSON"))
+    assert (s.of("w"), s.of("n"), s.of("c")) == ("observe", "observe", "clean")
 
 
 def test_a_modes_file_that_cannot_be_read_observes_every_network(tmp_path):
@@ -41,7 +50,7 @@ def test_a_modes_file_that_cannot_be_read_observes_every_network(tmp_path):
         (tmp_path / "state" / modes.MODES).write_text("{not json")
         os.chmod(tmp_path / "state" / modes.MODES, 0o600)
         known = modes.modes(store)
-        assert modes.resolved(known, set(), None, ["a", "b"]) == {"a": "observe", "b": "observe"}
+        assert modes.sources(known, set(), None).of("a") == modes.sources(known, set(), None).of("b") == "observe"
         modes.remember_mode(store, known, "a", "clean")  # not written over: the others' observe would be lost
         assert (tmp_path / "state" / modes.MODES).read_text() == "{not json"
         (tmp_path / "state" / modes.MODES).unlink()

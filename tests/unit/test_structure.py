@@ -94,6 +94,9 @@ def in_package(prefix: str) -> list[str]:
 
 # (package, what none of its modules may depend on, directly or through others)
 LAYERS = [
+    # the judgement, pure (issue 42): facts in, a verdict out; nothing of the host, the state or the protocol
+    ("cni_reaper.judge", ("cni_reaper.cni", "cni_reaper.state", "cni_reaper.reap", "cni_reaper.verbs",
+                          "cni_reaper.tools", "cni_reaper.wrap", "cni_reaper.log", "cni_reaper.files")),
     ("cni_reaper.cni", ("cni_reaper.verbs", "cni_reaper.state", "cni_reaper.reap", "cni_reaper.tools")),
     ("cni_reaper.state", ("cni_reaper.verbs", "cni_reaper.reap", "cni_reaper.tools", "cni_reaper.cni.shell")),
     ("cni_reaper.reap", ("cni_reaper.verbs", "cni_reaper.tools", "cni_reaper.cni.shell")),
@@ -119,6 +122,19 @@ def test_layers(package, forbidden):
     assert modules, package
     bad = {m: _hits(closure(m), forbidden) for m in modules}
     assert not any(bad.values()), {m: sorted(v) for m, v in bad.items() if v}
+
+
+def test_the_judge_imports_nothing_that_touches_the_kernel_or_files():
+    """judge/ is facts in, a verdict out (issue 42): it imports only itself (and typing, for the checker)."""
+    found = {}
+    for m in in_package("cni_reaper.judge"):
+        tree = ast.parse(MODULES[m].read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        bad = {x for x in names if x not in ("__future__", "typing") and not x.startswith("cni_reaper.judge")}
+        if bad:
+            found[m] = sorted(bad)
+    assert len(in_package("cni_reaper.judge")) >= 4 and found == {}
 
 
 def test_every_package_init_is_empty():
@@ -148,8 +164,8 @@ def test_a_handful_of_modules_at_the_top_and_the_layers_as_packages():
     top = sorted(m for m in MODULES if m.count(".") == 1)
     packages = sorted(m for m, p in MODULES.items() if p.name == "__init__.py" and m.count(".") == 1)
     assert len(top) - len(packages) <= 9, top
-    assert packages == ["cni_reaper.cni", "cni_reaper.reap", "cni_reaper.state", "cni_reaper.tools", "cni_reaper.verbs",
-                        "cni_reaper.wrap"]
+    assert packages == ["cni_reaper.cni", "cni_reaper.judge", "cni_reaper.reap", "cni_reaper.state", "cni_reaper.tools",
+                        "cni_reaper.verbs", "cni_reaper.wrap"]
 
 
 # The functions of plugin/ above a cyclomatic complexity of 15 as radon counts it, each at its count today:
@@ -191,7 +207,7 @@ def test_no_function_is_over_50_lines():
 # judgement or tests a state against HOLDING itself. (A life's own evidence, judge_life, is asked where a single
 # life is the question: the DEL's earlier lives, the scheduler's word about one namespace.)
 ONE_JUDGEMENT = ("judge_record", "HOLDING", "judge_entry", "judge_tombstone", "judge_left")
-JUDGES = {"cni_reaper.reap.evidence", "cni_reaper.reap.sweep"}
+JUDGES = {"cni_reaper.reap.evidence", "cni_reaper.reap.sweep", "cni_reaper.judge.verdict", "cni_reaper.judge.life"}
 
 
 def _names_used(path: Path) -> set[str]:

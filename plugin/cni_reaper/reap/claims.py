@@ -42,16 +42,13 @@ if TYPE_CHECKING:
 
 
 def own(t: Target, r: Reservation) -> bool:
-    """Whether reservation `r` is the dead life's own (t.expect says which file that is)."""
+    """Whether reservation `r` is the dead life's own (t.expect says what it recorded: judge/reservations.own)."""
+    from cni_reaper.judge.reservations import own as judged_own
+
     e: Expect | None = t.expect.get(r.ip)
     if e is None or r.network != t.network:
         return False
-    if e.ident is not None:
-        return r.ident == e.ident
-    cid, ifname = e.owner
-    if r.owner[0] != cid or (ifname and r.owner[1] and r.owner[1] != ifname):
-        return False
-    return e.not_after is None or r.ident[1] <= e.not_after
+    return judged_own(e.owner, e.ident, e.not_after, r.owner, r.ident)
 
 
 def canonical(ip: str) -> str:

@@ -40,21 +40,30 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from cni_reaper.state.index import Entry, QuickView
     from cni_reaper.state.record import DirId, HostId, Life, NetnsId, Veth
 
 from cni_reaper import log
+from cni_reaper.judge.life import Sign, decide_cached, decide_life, decide_record
+from cni_reaper.judge.verdict import (  # noqa: F401 - the states, as every caller of the judgement names them
+    DEAD,
+    DONE,
+    EXPIRED,
+    HELD,
+    HOLDING,
+    LEFT,
+    LIVE,
+    SWEEPABLE,
+    UNKNOWN,
+    WAIT,
+    Verdict,
+)
 from cni_reaper.reap import probes
 from cni_reaper.state.record import HELD_MAX_SECONDS
 
-LIVE, DEAD, UNKNOWN = "live", "dead", "unknown"
-LEFT = "left"  # dead, but what it left no sweep may take (claims.py): it waits for the runtime's DEL or GC
-HELD = "held"  # dead, and something not ours holds what it left (a foreign jump to its chain): looked at again later
-DONE, EXPIRED, WAIT = "tombstone-done", "tombstone-expired", "tombstone-wait"
-SWEEPABLE = (DEAD, DONE, EXPIRED)  # what a sweep cleans and then drops
-HOLDING = (LIVE, UNKNOWN, WAIT, LEFT, HELD)  # what keeps its addresses and its container protected
 TOMBSTONE_GRACE_SECONDS = 60.0
 
 
@@ -249,27 +258,49 @@ def _worth_waiting(noted: list[Lingering]) -> list[Lingering]:
     return [w for w in noted if w.ns is None or inside.process_in((w.ns.dev, w.ns.ino)) is None]
 
 
+class Observed:
+    """What the host says now of one life (judge/life.LifeFacts), looked at only when the judge asks: the
+    netns path, then, only when the path shows no life, the veth."""
+
+    __slots__ = ("_path", "_veth", "f", "view")
+
+    def __init__(self, f: Facts, view: View) -> None:
+        self.f, self.view = f, view
+        self._path: Sign | None = None
+        self._veth: Sign | None = None
+
+    @property
+    def blind(self) -> str | None:
+        h = self.view.host
+        return h.problem if h.boot is None or h.nsfs is None else None
+
+    @property
+    def other_machine(self) -> bool:
+        h, f = self.view.host, self.f
+        return bool(f.boot is not None and f.machine and h.machine and f.machine != h.machine)
+
+    @property
+    def rebooted(self) -> bool:
+        h, f = self.view.host, self.f
+        return f.boot is not None and h.boot is not None and probes.same_boot(f.boot, h.boot) is False
+
+    @property
+    def path(self) -> Sign:
+        if self._path is None:
+            self._path = Sign(*_path_evidence(self.f, self.view))
+        return self._path
+
+    @property
+    def veth(self) -> Sign:
+        if self._veth is None:
+            self._veth = Sign(*_link_evidence(self.f, self.view, self.path.state))
+        return self._veth
+
+
 def judge_life(f: Facts, view: View) -> tuple[str, str]:
-    """LIVE, DEAD or UNKNOWN, and why."""
-    h = view.host
-    if h.boot is None or h.nsfs is None:
-        return UNKNOWN, h.problem
-    if f.boot is not None:
-        if f.machine and h.machine and f.machine != h.machine:
-            return UNKNOWN, "recorded on another machine (machine-id differs): not this host's to clean"
-        if probes.same_boot(f.boot, h.boot) is False:
-            return DEAD, "the host has booted since it was recorded"
-    path, path_why = _path_evidence(f, view)
-    if path == LIVE:
-        return LIVE, path_why
-    link, link_why = _link_evidence(f, view, path)
-    if link == LIVE:
-        return LIVE, link_why
-    if path == DEAD:
-        return DEAD, path_why
-    if link == DEAD:
-        return DEAD, link_why
-    return UNKNOWN, f"{path_why}; {link_why}"
+    """LIVE, DEAD or UNKNOWN, and why (judge/life.decide_life on what the host says now)."""
+    v = decide_life(Observed(f, view))
+    return v.state, v.why
 
 
 def live_at_path(quick: QuickView, view: View) -> set[str]:
@@ -302,18 +333,6 @@ def out_of_reach(f: Facts, view: View) -> str | None:
     return None
 
 
-def judge_left(state: str, left: bool | float, tombstoned: bool, view: View, now: float | None = None) -> str | None:
-    """What a record's `left` mark (record.left_mark) makes of the state judged from its evidence (None: the
-    state stands). Left for the runtime (True): a dead, not torn down attachment is LEFT. Held (a retry
-    time): a dead one (torn down or not) is HELD until that time, then judged again as any dead one, unless
-    the view looks at once."""
-    if left is False or state not in SWEEPABLE:
-        return None
-    if left is True:
-        return LEFT if state == DEAD and not tombstoned else None
-    return HELD if held_now(left, view, now) else None
-
-
 def held_now(left: bool | float, view: View, now: float | None = None) -> bool:
     """Whether a held mark's retry time (record.left_mark) has not come yet, as this view looks. A time
     further off than the longest wait (a clock stepped back since it was written, a damaged mark) has come."""
@@ -323,38 +342,65 @@ def held_now(left: bool | float, view: View, now: float | None = None) -> bool:
     return t < left <= t + HELD_MAX_SECONDS
 
 
-def judge_tombstone(f: Facts, deleted_at: float, cached: bool | None, cached_now: bool | None, view: View,
-                    now: float | None = None) -> tuple[str, str]:
-    """DONE, EXPIRED or WAIT, and why. `cached`: whether libcni cached the attachment when DEL ran;
-    `cached_now`: whether it does now (None: the cache cannot be seen)."""
-    if cached is True and cached_now is False:
-        return DONE, "libcni dropped its cache entry: the whole chain's DEL succeeded"
-    if (now or time.time()) - deleted_at > TOMBSTONE_GRACE_SECONDS:
-        state, why = judge_life(f, view)
-        if state == DEAD:
-            return EXPIRED, f"its DEL did not finish and {why}"
-    return WAIT, "its DEL may be in flight"
+class Deleted:
+    """What a tombstone says to the judge (judge/life.Deleted): whether libcni dropped the cache entry it had
+    when DEL ran (`cached`; `cached_now`, asked only when the judge asks `done`: whether it has one now, None
+    when the cache cannot be seen), and whether the DEL is long over."""
+
+    __slots__ = ("_cached_now", "cached", "over")
+
+    def __init__(self, deleted_at: float, cached: bool | None, cached_now: Callable[[], bool | None],
+                 now: float | None = None) -> None:
+        self.cached, self._cached_now = cached, cached_now
+        self.over = (now or time.time()) - deleted_at > TOMBSTONE_GRACE_SECONDS
+
+    @property
+    def done(self) -> bool:
+        return self.cached is True and self._cached_now() is False
 
 
-def _cached_life(e: Any, view: View) -> tuple[str, str]:
-    """One cached life (cache.Cached): LIVE when its veth is there, else what its netns path says."""
-    if not all(probes.veth_gone(name) for name in e.veths):
-        return LIVE, f"its veth is there ({', '.join(e.veths)})"
-    if not e.netns.startswith("/"):
-        return UNKNOWN, f"its cache entry {e.name} names no netns"
-    path, why = _path_evidence(Facts(e.netns, None, None, None, None), view)
-    return (path, why) if path else (UNKNOWN, f"{why} (no record of this boot verifies it)")
+class RecordObserved:
+    """What the host and a record (or its index entry) say of an attachment (judge/life.RecordFacts)."""
+
+    __slots__ = ("deleted", "f", "far", "held_due", "left", "life", "mark_why", "word")
+
+    def __init__(self, f: Facts, view: View, mark: bool | float, mark_why: str = "", deleted: Deleted | None = None,
+                 word: Verdict | None = None, now: float | None = None) -> None:
+        self.f, self.life, self.word, self.deleted = f, Observed(f, view), word, deleted
+        self.held_due = None if isinstance(mark, bool) else not held_now(mark, view, now)
+        self.left = (mark_why or "left for the runtime's DEL or GC") if mark is True else None
+        self.mark_why = mark_why or "held: looked at again later"
+        self.far = out_of_reach(f, view)
+
+
+def judge_attachment(f: Facts, view: View, mark: bool | float, mark_why: str = "", deleted: Deleted | None = None,
+                     word: Verdict | None = None, now: float | None = None) -> Verdict:
+    """The one judgement of a recorded attachment (judge/life.decide_record), a record's or an index entry's."""
+    return decide_record(RecordObserved(f, view, mark, mark_why, deleted, word, now))
+
+
+class CachedObserved:
+    """What the host says now of one life libcni caches (cache.Cached; judge/life.CachedFacts)."""
+
+    __slots__ = ("e", "view")
+
+    def __init__(self, e: Any, view: View) -> None:
+        self.e, self.view = e, view
+
+    @property
+    def veth_there(self) -> str | None:
+        return None if all(probes.veth_gone(name) for name in self.e.veths) else ", ".join(self.e.veths)
+
+    @property
+    def path(self) -> Sign:
+        e = self.e
+        if not e.netns.startswith("/"):
+            return Sign(None, f"its cache entry {e.name} names no netns")
+        state, why = _path_evidence(Facts(e.netns, None, None, None, None), self.view)
+        return Sign(state, why if state else f"{why} (no record of this boot verifies it)")
 
 
 def judge_cached(entries: list[Any], view: View) -> tuple[str, str]:
-    """An attachment with no record, by libcni's cache entries of it (cache.Cached): DEAD when every cached
-    life's netns is gone in a verified directory and none of its veths is left; LIVE when one of them is
-    there; UNKNOWN otherwise (no entry: an ADD in flight, or another runtime's)."""
-    if not entries:
-        return UNKNOWN, "no libcni cache entry of it (an ADD may be in flight, or it is another runtime's)"
-    verdicts = [_cached_life(e, view) for e in entries]
-    if any(v == LIVE for v, _ in verdicts):
-        return next((v, w) for v, w in verdicts if v == LIVE)
-    if all(v == DEAD for v, _ in verdicts):
-        return DEAD, verdicts[0][1]
-    return next((v, w) for v, w in verdicts if v == UNKNOWN)
+    """An attachment with no record, by libcni's cache entries of it (cache.Cached): judge/life.decide_cached."""
+    v = decide_cached([CachedObserved(e, view) for e in entries])
+    return v.state, v.why

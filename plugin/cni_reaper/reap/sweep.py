@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
+    from cni_reaper.judge.modes import ModeSources
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
     from cni_reaper.state.index import Entry
@@ -26,38 +27,10 @@ if TYPE_CHECKING:
 
 from cni_reaper import log
 from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
+from cni_reaper.judge.verdict import DEAD, DONE, HOLDING, LIVE, SWEEPABLE, UNKNOWN, WAIT, Verdict
 from cni_reaper.reap import cache, probes
-from cni_reaper.reap.evidence import (
-    DEAD,
-    DONE,
-    HELD,
-    HOLDING,
-    LIVE,
-    SWEEPABLE,
-    UNKNOWN,
-    WAIT,
-    Facts,
-    View,
-    held_now,
-    judge_left,
-    judge_life,
-    judge_tombstone,
-    live_at_path,
-    out_of_reach,
-)
+from cni_reaper.reap.evidence import Deleted, Facts, View, judge_attachment, judge_life, live_at_path
 from cni_reaper.state.record import RecordSettings, ips, parse_time
-
-
-class Verdict:
-    """What a caller with the runtime's or the scheduler's word says of a record (GC's valid list, Nomad's
-    agent): its state and why, and which parts of its leftovers may go (all but the reservation while its
-    namespace still holds the address: host-local must not give it out again while a veth answers for it;
-    None: every part, targets.PARTS)."""
-
-    __slots__ = ("parts", "state", "why")
-
-    def __init__(self, state: str, why: str, parts: frozenset[str] | None = None) -> None:
-        self.state, self.why, self.parts = state, why, parts
 
 
 def settings_of(record: Record, confs: dict[str, Any]) -> RecordSettings | None:
@@ -71,30 +44,24 @@ def settings_of(record: Record, confs: dict[str, Any]) -> RecordSettings | None:
 
 
 # -- judging ----------------------------------------------------------------------------------------
-def judge_record(record: Record, view: View, cache_dir: str) -> tuple[str, str]:
-    f = Facts.of_life(record.current)
-    dead = record.deleted
-    if dead is None:
-        state, why = judge_life(f, view)
-    else:
-        cached_now = cache.exists(cache_dir, *record.key)
-        state, why = judge_tombstone(f, parse_time(dead.at), dead.cached, cached_now, view)
-    left = judge_left(state, record.left_mark, dead is not None, view)
-    mark = record.left
-    if left is None or mark is None:
-        return state, why
-    return left, mark.why + (f" (looked at again after {mark.retry_at})" if mark.retry_at is not None else "")
+def _deleted(at: float | None, cached: bool | None, cache_dir: str, key: Key) -> Deleted | None:
+    return None if at is None else Deleted(at, cached, lambda: cache.exists(cache_dir, *key))
+
+
+def judge_record(record: Record, view: View, cache_dir: str, word: Verdict | None = None) -> Verdict:
+    """A record's verdict (judge/life.decide_record on what it and the host say)."""
+    dead, mark = record.deleted, record.left
+    deleted = None if word is not None or dead is None else \
+        _deleted(parse_time(dead.at), dead.cached, cache_dir, record.key)
+    why = "" if mark is None else \
+        mark.why + (f" (looked at again after {mark.retry_at})" if mark.retry_at is not None else "")
+    return judge_attachment(Facts.of_life(record.current), view, record.left_mark, why, deleted, word)
 
 
 def judge_entry(e: Entry, view: View, cache_dir: str) -> str:
-    if held_now(e.left, view):  # dead, and not looked at again before its time: no look at its evidence either
-        return HELD
-    f = Facts.of_entry(e)
-    if e.deleted_at is None:
-        state = judge_life(f, view)[0]
-    else:
-        state = judge_tombstone(f, e.deleted_at, e.cached, cache.exists(e.cache_dir or cache_dir, *e.key), view)[0]
-    return judge_left(state, e.left, e.deleted_at is not None, view) or state
+    """An index entry's state: the same judgement as its record's."""
+    deleted = _deleted(e.deleted_at, e.cached, e.cache_dir or cache_dir, e.key)
+    return judge_attachment(Facts.of_entry(e), view, e.left, "", deleted).state
 
 
 def judge_indexed(store: Store, view: View, cache_dir: str, every: bool = False) -> tuple[dict[str, Entry], dict[str, str]]:
@@ -141,11 +108,8 @@ def judge(r: Record, view: View, s: RecordSettings | None, cache_dir: str, verdi
     its state and why (the runtime's or the scheduler's `verdict` when given), made UNKNOWN when its rules are
     out of this process's reach, and each earlier life's. `s`: its settings (None: cni-reaper 0.2's, whose
     libcni cache is looked for in `cache_dir`)."""
-    state, why = (verdict.state, verdict.why) if verdict is not None else \
-        judge_record(r, view, s.cache_dir if s is not None else cache_dir)
-    far = out_of_reach(Facts.of_life(r.current), view)
-    if far and state in SWEEPABLE:
-        state, why = UNKNOWN, far
+    v = judge_record(r, view, s.cache_dir if s is not None else cache_dir, verdict)
+    state, why = v.state, v.why
     earlier = [judge_life(Facts.of_life(life), view) for life in r.earlier]
     if state == UNKNOWN:
         view.note(why)
@@ -303,7 +267,7 @@ def targets_of(sel: Selection) -> list[Target]:
 
 # -- the sweep ----------------------------------------------------------------------------------------
 def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False, backend_for: Any = None,
-          modes: dict[str, str] | None = None) -> Outcome:
+          modes: ModeSources | None = None) -> Outcome:
     """Clean what the selection's dead lives and extra targets left behind, then settle the records. The
     caller holds the state lock; `store` None: there are no records (only extra targets). `modes`: network ->
     clean or observe; what a network in observe mode would lose is planned and reported, never removed."""
@@ -316,7 +280,8 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         out.unknown = dict(sel.view.blind)
         return out
     started = time.monotonic()
-    watching = {n for n, m in (modes or {}).items() if m == "observe"}
+    networks = {j.key.network for j in sel.judged} | {t.network for t in targets}
+    watching = {n for n in networks if modes is not None and modes.observing(n)}
     journal = Journal(store) if store is not None and not dry_run else None
     outcome = _cleaned(store, conf.lockTimeout, sel, targets, watching, dry_run, backend_for, journal)
     _note_unproven(sel, outcome)
@@ -526,13 +491,12 @@ def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], set[str]]:
     return modes.network_modes(store, conf)
 
 
-def sweep_modes(noted: tuple[dict[str, str], set[str]], conf: Any, sel: Selection) -> dict[str, str]:
-    """The mode this sweep gives each network of the selection (state/modes.resolved: the state directory's
-    word and the settings file's, observe winning)."""
+def sweep_modes(noted: tuple[dict[str, str], set[str]], conf: Any) -> ModeSources:
+    """The modes of a verb's sweep (judge/modes): the state directory's word, the settings file's, and this
+    call's network's mode for what its sweep finds of networks that never chained cni-reaper."""
     from cni_reaper.state import modes
 
-    networks = {j.key.network for j in sel.judged} | {t.network for t in sel.extra}
-    return modes.resolved(*noted, modes.file_of(conf), networks)
+    return modes.sources(*noted, modes.file_of(conf), finder=conf.mode)
 
 
 def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
@@ -553,7 +517,7 @@ def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), ext
             return None
         sel = select_indexed(store, view, conf, exclude)
         sel.extra = list(extra or ())
-        return sweep(store, conf, sel, modes=sweep_modes(noted, conf, sel))
+        return sweep(store, conf, sel, modes=sweep_modes(noted, conf))
     except Exception as exc:  # noqa: BLE001 - a sweep never fails the verb that runs it
         log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         return None

@@ -16,19 +16,18 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from typing import Any
 
     from cni_reaper.state.store import Store
 
 from cni_reaper import jsonio
+from cni_reaper.judge.modes import EVERY, ModeSources
 
 MODES = ".modes"
 OBSERVED = ".observed"
 MAX_BYTES = 4 << 20
 
 
-EVERY = "*"  # in what modes() gives: the file could not be read, so every network is taken as observed
 
 
 def _load(store: Store, name: str) -> dict[str, str] | None:
@@ -102,25 +101,19 @@ def wrapped_networks(store: Store) -> set[str]:
     return set(_load(store, WRAPPED) or {})
 
 
-def resolved(known: dict[str, str], wrapped: set[str], file: Any, networks: Iterable[str]) -> dict[str, str]:
-    """The mode a sweep gives each network: observe when any authority says so, clean only when all say clean.
-    The authorities: the state directory (`known`: the network's own calls), and the settings file of wrapped
-    networks (`file`, cni.settings_file.SettingsFile, or None) for a network it names, and with its top-level keys for
-    every network a wrapper served (`wrapped`): a wrapped network's mode is the file's wherever its records
-    are swept, whatever network's call or CLI sweeps them (a file that says observe stops every sweep)."""
+def sources(known: dict[str, str], wrapped: set[str], file: Any, finder: str | None = None,
+            conflists: dict[str, str] | None = None, forced: str | None = None) -> ModeSources:
+    """Every source of a pass's modes (judge/modes.ModeSources): the state directory's word (`known`, `wrapped`:
+    network_modes), the settings file of wrapped networks (`file`, cni.settings_file.SettingsFile, or None: its top
+    level and its networks; a file that cannot be used says observe), and the caller's: the mode of the call that
+    found the targets (`finder`), the conflists the CLI reads (`conflists`), a mode forced for the pass."""
     from cni_reaper.cni.conf import mode_of
 
-    every = {*networks, *known, *wrapped, *(file.networks if file is not None else ())} - {EVERY}
-    if known.get(EVERY) == "observe":
-        return {n: "observe" for n in every}
-    out = dict(known)
-    if file is None:
-        return out
-    for n in every:
-        # a file that cannot be used says nothing of its networks: they are observed (the safe side)
-        if (n in file.networks or n in wrapped) and (file.problem or mode_of(file.for_network(n), []) == "observe"):
-            out[n] = "observe"
-    return out
+    top, per = None, {}
+    if file is not None:
+        top = "observe" if file.problem else mode_of(file.keys, [])
+        per = {n: "observe" if file.problem else mode_of(file.for_network(n), []) for n in file.networks}
+    return ModeSources(known, frozenset(wrapped), top, per, conflists, finder, forced)
 
 
 def file_of(conf: Any) -> Any:

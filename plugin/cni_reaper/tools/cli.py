@@ -28,6 +28,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from cni_reaper.judge.modes import ModeSources
     from cni_reaper.state.record import Record
     from cni_reaper.values import Key
 
@@ -355,7 +356,7 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
             records = list(store.records()) if store is not None else []
             runs = _sweep_runs(args, group, records)
             confs = {n: conf for conf, n in runs if n}
-            modes = _modes(store, group, records, _settings(args))
+            modes = _modes(store, group, _settings(args))
             said = nomad_word.verdicts(word, records, view, args.apply, args, modes, store)
             for conf, network in runs:
                 sel = select(records, view, confs, conf, only_network=network, verdicts=said.verdicts)
@@ -393,21 +394,19 @@ def _orphans(group: list[Context], records: list[Record], conf, network: str | N
     return orphans.proven_dead(conf, recorded, view, network, keeping)
 
 
-def _modes(store, group: list[Context], records: list[Record], settings) -> dict[str, str]:
-    """Each network's mode: observe when the state directory (the network's own calls), its conflist here or
-    the settings file of wrapped networks says so (state/modes.resolved). The CLI writes none: its view (its
-    conflists, its settings file) may not be the runtime's, and only ever raises a mode for its own sweep."""
+def _modes(store, group: list[Context], settings) -> ModeSources:
+    """Every source of the modes of this sweep (judge/modes): the state directory's (the networks' own calls),
+    the conflists read here (those that chain cni-reaper: not the settings file's networks), the settings file
+    of wrapped networks, and with no conflist at all the settings' own mode for every network. The CLI writes
+    none: its view (its conflists, its settings file) may not be the runtime's, and only ever raises a mode for
+    its own sweep."""
     from cni_reaper.state import modes
 
     known = modes.modes(store) if store is not None else {}
-    for c in group:
-        if c.network and c.conf.mode == "observe":
-            known[c.network] = "observe"
-    if any(c.network is None and c.conf.mode == "observe" for c in group):  # no conflist: the settings say observe
-        known.update({r.network: "observe" for r in records})
     wrapped = modes.wrapped_networks(store) if store is not None else set()
-    networks = {r.network for r in records} | {c.network for c in group if c.network}
-    return modes.resolved(known, wrapped, settings, networks)
+    conflists = {c.network: c.conf.mode for c in group if c.network and c.keeping is not None}
+    bare = any(c.network is None and c.conf.mode == "observe" for c in group)  # no conflist: the settings say observe
+    return modes.sources(known, wrapped, settings, conflists=conflists, forced="observe" if bare else None)
 
 
 class _NoLock:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from cni_reaper.judge.modes import ModeSources
     from cni_reaper.reap.evidence import View
     from cni_reaper.reap.scheduler import Word
     from cni_reaper.state.record import Record
@@ -113,10 +114,10 @@ class Said:
 
 
 def verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool, args: Any,
-             modes: dict[str, str] | None = None, store: Any = None) -> Said:
+             modes: ModeSources | None = None, store: Any = None) -> Said:
     """The verdicts of the records the word proves over, but those whose namespace a process is still in;
     with --nomad-remove-netns and --apply, their namespace mounts go first when nothing else holds them (never
-    of a network in observe mode: `modes`, network -> clean or observe), each journaled in `store`'s journal
+    of a network in observe mode: `modes`, judge/modes.ModeSources), each journaled in `store`'s journal
     before it goes. /proc was read once, before the lock (Asked); a record the word proves over that was not
     there then is left to the next sweep."""
     said = Said()
@@ -128,7 +129,7 @@ def verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool
     for r, why in over:
         if occupancy is None or os.path.realpath(os.path.dirname(r.current.netns)) not in occupancy.dirs:
             continue
-        may_remove = remove and (modes or {}).get(r.network) != "observe"
+        may_remove = remove and not (modes is not None and modes.observing(r.network))
         verdict = _judged(r, why, view, occupancy, said, store if may_remove else None)
         if verdict is not None:
             said.verdicts[r.key] = verdict

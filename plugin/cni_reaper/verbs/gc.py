@@ -14,9 +14,10 @@ if TYPE_CHECKING:
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup, pick
+from cni_reaper.judge.verdict import Verdict
 from cni_reaper.reap import orphans
 from cni_reaper.reap.evidence import DEAD, View
-from cni_reaper.reap.sweep import Verdict, network_modes, select, sweep, sweep_modes
+from cni_reaper.reap.sweep import network_modes, select, sweep, sweep_modes
 from cni_reaper.state.store import Store
 
 VALID_KEY = "cni.dev/valid-attachments"
@@ -74,7 +75,7 @@ def run(inv: Invocation) -> None:
             recorded = {(r.network, r.container_id) for r in mine}
             sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
             sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))
-            sweep(store, conf, sel, modes=sweep_modes(network_modes(store, conf), conf, sel))
+            sweep(store, conf, sel, modes=sweep_modes(network_modes(store, conf), conf))
     finally:
         store.close()
     return None

@@ -1,0 +1,62 @@
+"""The one answer to "what mode is this target in", pure: every source in (ModeSources), clean or observe out.
+Observe from any source wins; clean only when none says observe.
+
+The sources: the state directory's word (`known`: each network's mode as its own calls last said it, `.modes`;
+EVERY when that file cannot be read: every network observed), the networks a wrapper served (`wrapped`,
+`.wrapped`), the settings file of wrapped networks (its top level, `file_top`, and its per-network modes,
+`file_networks`; a file that cannot be used says observe), the conflists the CLI reads here (`conflists`:
+network -> its cni-reaper entry's mode), a mode forced for the whole pass (`forced`: the CLI's, a wrapper's),
+and the call that found the target (`finder`: its network's mode).
+
+A network that chains cni-reaper in a conflist has that conflist's mode (as its calls noted it, or as the
+CLI reads it). Every other network (wrapped, or one that never chained cni-reaper: leaks from before the
+installation, another network's leftovers found by a port's look) is governed by the settings file's top
+level, and, when it never chained cni-reaper, by the mode of the call that found it too: an operator who
+configured observe only gets nothing removed anywhere.
+"""
+
+from __future__ import annotations
+
+CLEAN, OBSERVE = "clean", "observe"
+EVERY = "*"  # in `known`: the modes file could not be read, so every network is taken as observed
+
+
+class ModeSources:
+    """Every source of a pass's modes (the module's docstring); values only."""
+
+    __slots__ = ("conflists", "file_networks", "file_top", "finder", "forced", "known", "wrapped")
+
+    def __init__(self, known: dict[str, str] | None = None, wrapped: frozenset[str] = frozenset(),
+                 file_top: str | None = None, file_networks: dict[str, str] | None = None,
+                 conflists: dict[str, str] | None = None, finder: str | None = None, forced: str | None = None) -> None:
+        self.known = dict(known or {})
+        self.wrapped = frozenset(wrapped)
+        self.file_top = file_top
+        self.file_networks = dict(file_networks or {})
+        self.conflists = dict(conflists or {})
+        self.finder = finder
+        self.forced = forced
+
+    def of(self, network: str) -> str:
+        return mode_of(network, self)
+
+    def observing(self, network: str) -> bool:
+        return mode_of(network, self) == OBSERVE
+
+    def networks(self) -> set[str]:
+        """The networks the sources name (EVERY left out)."""
+        return ({*self.known, *self.wrapped, *self.file_networks, *self.conflists}) - {EVERY}
+
+
+def chained(network: str, s: ModeSources) -> bool:
+    """Whether `network` chains cni-reaper in a conflist of its own (its calls noted a mode, not as a wrapper's;
+    or the CLI reads its conflist here)."""
+    return network in s.conflists or (network in s.known and network not in s.wrapped)
+
+
+def mode_of(network: str, s: ModeSources) -> str:
+    """CLEAN or OBSERVE for a target of `network` (module docstring)."""
+    said = [s.forced, s.known.get(EVERY), s.known.get(network), s.conflists.get(network), s.file_networks.get(network)]
+    if not chained(network, s):
+        said += [s.file_top, s.finder]
+    return OBSERVE if OBSERVE in said else CLEAN
