@@ -228,6 +228,18 @@ class Claims(Holdings):
             return "a host-local reservation names it: a life of it is live or being made"
         return None
 
+    def unexplained(self, t: Target) -> str | None:
+        """Why something of t stays that no attachment known here explains (None: nothing): a reservation that
+        names its container but is not the one its dead lives recorded (a newer life of it, being made, or its
+        own with a changed modification time). Its record must not go with it (judge/reservations.py): it is
+        held, and looked at again later."""
+        mine = [r for r in self.by_container.get((t.network, t.container_id), []) if not self._own_by_kin(t, r)]
+        for r in mine:
+            if not self.holding(r.ip) and (r.ip in t.dead_ips or t.whole):  # held by a life known here: explained
+                return (f"a host-local reservation of {r.ip} names it ({r.data_dir}/{r.network}) and is not the one "
+                        "it recorded: a newer life of it, or a reservation changed since")
+        return None
+
     def releasable(self, t: Target, ip: str) -> list[Reservation]:
         """The dead life's own reservations of `ip` (in its network's directories)."""
         return [r for r in self.reserving(ip) if r.network == t.network and own(t, r)]

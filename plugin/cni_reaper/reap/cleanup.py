@@ -83,31 +83,39 @@ def clean(targets: list[Target], holders: dict[Key, set[str]], settings: Cleanup
 
 
 def _narrow(targets: list[Target], claims: Claims, outcome: Outcome) -> tuple[list[Target], dict]:
-    """Each target cut to what is its alone: addresses no other life of its container holds (its tagged rules
-    of them), its chains only when no other life of its container is there; `protected[key]`: its addresses
-    whose untagged rules and conntrack entries must stay."""
+    """Each target cut to what is its alone (_narrow_one); `protected[key]`: its addresses whose untagged rules
+    and conntrack entries must stay."""
     narrowed, protected = [], {}
     for t in targets:
-        doubt = claims.unreserved_doubt(t) if t.reserved_in else None
-        if doubt is not None:  # not proven dead: nothing of it is touched
-            narrowed.append(t.replace(dead_ips=frozenset(), whole=False, any_source=False, parts=frozenset()))
-            protected[t.key] = set[str]()
-            outcome.leave(t.network, t.container_id, "", doubt)
-            outcome.waiting[t.key] = doubt
-            continue
-        kin_free = frozenset(ip for ip in t.dead_ips if claims.kin_free(t, ip))
-        whole = t.whole and claims.container_free(t)
-        n = t.narrowed(kin_free, whole)
+        n, protected[t.key] = _narrow_one(t, claims, outcome)
         narrowed.append(n)
-        protected[t.key] = {ip for ip in kin_free if not claims.ip_free(t, ip)}
-        for ip in sorted(t.dead_ips - kin_free):
-            outcome.leave(t.network, t.container_id, ip, claims.why_kept(t, ip))
-        if t.whole and not whole:
-            outcome.leave(t.network, t.container_id, "", claims.why_chains_kept(t))
-        unseen = claims.unseen(t)
-        if unseen is not None:
-            outcome.waiting[t.key] = unseen
     return narrowed, protected
+
+
+def _narrow_one(t: Target, claims: Claims, outcome: Outcome) -> tuple[Target, set[str]]:
+    """A target cut to what is its alone: addresses no other life of its container holds (its tagged rules of
+    them), its chains only when no other life of its container is there; and its addresses whose untagged
+    rules and conntrack entries must stay. What it leaves goes into the outcome, with why: waiting for the
+    runtime when the claims cannot see every holder, held when a reservation naming it is not its own."""
+    doubt = claims.unreserved_doubt(t) if t.reserved_in else None
+    if doubt is not None:  # not proven dead: nothing of it is touched
+        outcome.leave(t.network, t.container_id, "", doubt)
+        outcome.waiting[t.key] = doubt
+        return t.replace(dead_ips=frozenset(), whole=False, any_source=False, parts=frozenset()), set()
+    kin_free = frozenset(ip for ip in t.dead_ips if claims.kin_free(t, ip))
+    whole = t.whole and claims.container_free(t)
+    for ip in sorted(t.dead_ips - kin_free):
+        outcome.leave(t.network, t.container_id, ip, claims.why_kept(t, ip))
+    if t.whole and not whole:
+        outcome.leave(t.network, t.container_id, "", claims.why_chains_kept(t))
+    unseen = claims.unseen(t)
+    if unseen is not None:
+        outcome.waiting[t.key] = unseen
+    elif kin_free != t.dead_ips or whole != t.whole:
+        unexplained = claims.unexplained(t)
+        if unexplained is not None:  # the record stays, held (settle obeys the verdict)
+            outcome.held.setdefault(t.key, unexplained)
+    return t.narrowed(kin_free, whole), {ip for ip in kin_free if not claims.ip_free(t, ip)}
 
 
 def _log(outcome: Outcome) -> None:

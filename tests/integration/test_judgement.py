@@ -1,0 +1,123 @@
+"""The judgement's promises end to end (issue 42): observe from any source removes nothing anywhere, a
+reservation is judged by what it says (not by its inode or change time), and a record goes only when
+everything it held is verified gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from testkit.sandbox import ips_of, unique
+
+pytestmark = pytest.mark.netns
+
+NET = "nomad-reaper"
+
+
+@pytest.fixture
+def stack(two_stacks):
+    return two_stacks
+
+
+def _leak(sb, port: str, conflist=None) -> tuple[str, list[str]]:
+    """An allocation added through the chain `conflist` whose namespace then vanished with no DEL."""
+    cid, netns = unique("alloc-"), sb.container()
+    ips = ips_of(sb.driver("add", cid, netns, (port,), conflist))
+    sb.remove_container(netns)
+    return cid, ips
+
+
+def test_observe_at_the_settings_files_top_level_governs_a_leak_from_before_installation(sb):
+    """Case 1: a fresh install in wrap mode, observe in the settings file's top level, before any wrapped call:
+    the periodic sweep's own command line removes nothing of a leak from before cni-reaper was installed."""
+    cid, ips = _leak(sb, "8090:80/tcp", sb.conflist(without_reaper=True))
+    before = sb.residue(NET, cid, ips)
+    assert before
+    settings = sb.root / "config.json"
+    settings.write_text(json.dumps({"mode": "observe"}))
+    out = sb.cli("sweep", "--apply", "--orphans", "--config", str(settings))
+    assert out.returncode in (0, 3), out.stdout + out.stderr
+    assert sb.residue(NET, cid, ips) == before, out.stdout
+    assert "would remove" in out.stdout or cid in out.stdout
+    # without the settings file's word, the operator's sweep removes it: the test can fail
+    assert sb.cli("sweep", "--apply", "--orphans").returncode == 0
+    assert sb.residue(NET, cid, ips) == []
+
+
+def test_observe_in_the_conflist_removes_nothing_of_another_networks_leftovers(sb):
+    """Case 2: cni-reaper is chained only in NET, in observe mode; a dead allocation of a network without it
+    mapped host port P; an ADD on NET that maps P removes nothing of it (nor libcni's cache of it)."""
+    other = sb.conflist(without_reaper=True, name="other", bridge="cni-other", subnet="172.29.0.0/24")
+    cid, ips = _leak(sb, "8091:80/tcp", other)
+    before = sb.residue("other", cid, ips)
+    cache = sorted(p.name for p in (sb.cni_dir / "results").glob(f"other-{cid}-*"))
+    assert before and cache
+    observing = sb.conflist(mode="observe")
+    new = unique("alloc-")
+    assert sb.driver("add", new, sb.container(), ("8091:80/tcp",), observing).returncode == 0
+    assert sb.residue("other", cid, ips) == before
+    assert sorted(p.name for p in (sb.cni_dir / "results").glob(f"other-{cid}-*")) == cache
+    # in clean mode the same ADD frees the port from the dead allocation: the test can fail
+    assert sb.driver("add", unique("alloc-"), sb.container(), ("8091:80/tcp",)).returncode == 0
+    assert sb.residue("other", cid, ips) == []
+
+
+def _reservation(sb, ip: str):
+    return sb.cni_dir / "networks" / NET / ip
+
+
+def _chmod(path):
+    os.chmod(path, 0o600)  # an administrator's chmod -R go-rwx: only the change time moves
+    os.chmod(path.parent, 0o700)
+
+
+def _restore(path):
+    copy = path.with_name(".restore")
+    shutil.copy2(path, copy)  # cp -a: a new inode, the content and modification time kept
+    os.replace(copy, path)
+
+
+def _link(path):
+    os.link(path, path.parent / f".link-{path.name}")  # a hard link: the change time moves
+
+
+@pytest.mark.parametrize("change", [_chmod, _restore, _link], ids=["chmod", "restore", "hard-link"])
+@pytest.mark.parametrize("when", ["alive", "dead"])
+def test_a_reservation_whose_file_changed_identity_is_still_the_dead_allocations_own(sb, change, when):
+    """Case 4: the file's identity changed (while the allocation lived, or after it died with no DEL): its
+    leftovers and its reservation still go, and its record with them."""
+    cid, netns = unique("alloc-"), sb.container()
+    ips = ips_of(sb.driver("add", cid, netns, ("8092:80/tcp",)))
+    if when == "alive":
+        change(_reservation(sb, ips[0]))
+    sb.remove_container(netns)
+    if when == "dead":
+        change(_reservation(sb, ips[0]))
+    out = sb.cli("sweep", "--apply")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sb.residue(NET, cid, ips) == [], out.stdout
+    assert sb.record(cid) is None
+
+
+def test_a_record_stays_while_a_reservation_naming_it_is_not_the_one_it_recorded(sb):
+    """Case 5: a reservation naming the dead allocation that is not the one it recorded (made later: a newer
+    life, or one rewritten) keeps what it protects, and the record stays, held, for a later look; once the
+    reservation is its own again, the next sweep cleans everything and drops the record."""
+    cid, netns = unique("alloc-"), sb.container()
+    ips = ips_of(sb.driver("add", cid, netns, ("8093:80/tcp",)))
+    path = _reservation(sb, ips[0])
+    recorded = path.stat().st_mtime_ns
+    sb.remove_container(netns)
+    os.utime(path, ns=(recorded + 10**9, recorded + 10**9))  # made later, as a newer life's would be
+    out = sb.cli("sweep", "--apply")
+    assert sb.residue(NET, cid, ips), out.stdout
+    rec = sb.record(cid)
+    assert rec is not None and rec.get("left", {}).get("retryAt"), (out.stdout, rec)
+    listing = {r["containerID"]: r["state"] for r in json.loads(sb.cli("list", "--json").stdout)}
+    assert listing[cid].startswith("dead (held"), listing[cid]
+    os.utime(path, ns=(recorded, recorded))
+    assert sb.cli("sweep", "--apply").returncode == 0
+    assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None
