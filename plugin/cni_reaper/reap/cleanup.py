@@ -59,27 +59,33 @@ def clean(targets: list[Target], holders: dict[Key, set[str]], settings: Cleanup
     outcome = Outcome()
     if not targets:
         return outcome
-    target_dirs = {(e.data_dir, t.network) for t in targets for e in t.expect.values()}
-    target_dirs |= {(d, t.network) for t in targets for d in settings.data_dirs}
     try:
-        with locked_dirs(target_dirs, settings.lock_timeout) as dirs:
-            others = [NetworkDir(d, n) for d in settings.data_dirs for n in networks_in(d)
-                      if (d, n) not in dirs]
-            try:
-                claims = Claims(targets, holders, [*dirs.values(), *others])
-                narrowed, protected = _narrow(targets, claims, outcome)
-                _clean_netfilter(narrowed, protected, settings, outcome)
-                _clear_conntrack(narrowed, protected, outcome, settings)
-                _release(narrowed, claims, dirs, outcome, settings)
-            finally:
-                for d in others:
-                    d.close()
+        _clean_locked(targets, holders, settings, outcome)
     except Exception as exc:  # noqa: BLE001 - the clean-up never breaks a verb
         outcome.errors.append(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         outcome.failed |= {t.key for t in targets}
     if not settings.dry_run:
         _log(outcome)
     return outcome
+
+
+def _clean_locked(targets: list[Target], holders: dict[Key, set[str]], settings: CleanupOptions,
+                  outcome: Outcome) -> None:
+    """The clean-up under host-local's locks of the targets' networks (in every data dir): the claims read,
+    the targets narrowed, the rules removed, the conntrack entries cleared, the reservations released."""
+    target_dirs = {(e.data_dir, t.network) for t in targets for e in t.expect.values()}
+    target_dirs |= {(d, t.network) for t in targets for d in settings.data_dirs}
+    with locked_dirs(target_dirs, settings.lock_timeout) as dirs:
+        others = [NetworkDir(d, n) for d in settings.data_dirs for n in networks_in(d) if (d, n) not in dirs]
+        try:
+            claims = Claims(targets, holders, [*dirs.values(), *others])
+            narrowed, protected = _narrow(targets, claims, outcome)
+            _clean_netfilter(narrowed, protected, settings, outcome)
+            _clear_conntrack(narrowed, protected, outcome, settings)
+            _release(narrowed, claims, dirs, outcome, settings)
+        finally:
+            for d in others:
+                d.close()
 
 
 def _narrow(targets: list[Target], claims: Claims, outcome: Outcome) -> tuple[list[Target], dict]:
@@ -104,6 +110,13 @@ def _narrow_one(t: Target, claims: Claims, outcome: Outcome) -> tuple[Target, se
         return t.replace(dead_ips=frozenset(), whole=False, any_source=False, parts=frozenset()), set()
     kin_free = frozenset(ip for ip in t.dead_ips if claims.kin_free(t, ip))
     whole = t.whole and claims.container_free(t)
+    _say_left(t, kin_free, whole, claims, outcome)
+    return t.narrowed(kin_free, whole), {ip for ip in kin_free if not claims.ip_free(t, ip)}
+
+
+def _say_left(t: Target, kin_free: frozenset[str], whole: bool, claims: Claims, outcome: Outcome) -> None:
+    """What of t the claims keep, and why, into the outcome: waiting for the runtime's DEL or GC when the claims
+    cannot see every holder; held (its record stays) when a reservation naming it is not its own."""
     for ip in sorted(t.dead_ips - kin_free):
         outcome.leave(t.network, t.container_id, ip, claims.why_kept(t, ip))
     if t.whole and not whole:
@@ -111,11 +124,10 @@ def _narrow_one(t: Target, claims: Claims, outcome: Outcome) -> tuple[Target, se
     unseen = claims.unseen(t)
     if unseen is not None:
         outcome.waiting[t.key] = unseen
-    elif kin_free != t.dead_ips or whole != t.whole:
-        unexplained = claims.unexplained(t)
-        if unexplained is not None:  # the record stays, held (settle obeys the verdict)
-            outcome.held.setdefault(t.key, unexplained)
-    return t.narrowed(kin_free, whole), {ip for ip in kin_free if not claims.ip_free(t, ip)}
+        return
+    unexplained = claims.unexplained(t) if kin_free != t.dead_ips or whole != t.whole else None
+    if unexplained is not None:  # the record stays, held (settle obeys the verdict)
+        outcome.held.setdefault(t.key, unexplained)
 
 
 def _log(outcome: Outcome) -> None:
@@ -223,11 +235,7 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, s
     cannot be put back: the journal says they were cleared."""
     from cni_reaper.reap import conntrack
 
-    owner_of: dict[str, Key] = {}
-    for t in targets:
-        if "conntrack" in t.parts and t.key not in outcome.failed:
-            for ip in t.dead_ips - protected.get(t.key, set()):
-                owner_of.setdefault(ip, t.key)
+    owner_of = _conntrack_owners(targets, protected, outcome)
     if not owner_of:
         return
     try:
@@ -245,6 +253,17 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, s
         outcome.note(owner_of[ip], f"conntrack: {n} entr{'y' if n == 1 else 'ies'} of {ip}", "conntrack", n)
 
 
+def _conntrack_owners(targets: list[Target], protected: dict, outcome: Outcome) -> dict[str, Key]:
+    """The dead addresses whose conntrack entries may go (not protected, their target not failed), each with
+    the first target that names it."""
+    owner_of: dict[str, Key] = {}
+    for t in targets:
+        if "conntrack" in t.parts and t.key not in outcome.failed:
+            for ip in sorted(t.dead_ips - protected.get(t.key, set())):
+                owner_of.setdefault(ip, t.key)
+    return owner_of
+
+
 def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome,
              settings: CleanupOptions) -> None:
     """Per dead address that no other life of its container holds: libcni's cached result of the attachment
@@ -258,15 +277,23 @@ def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], 
     if not settings.dry_run:
         _forget(eligible, outcome, settings)
     for t in eligible:
-        if t.key in outcome.failed:
-            continue
-        for ip in sorted(t.dead_ips):
-            _verify_dir(t, ip, dirs, outcome)
-            due += [(t, r) for r in claims.releasable(t, ip) if settings.dry_run or (r.data_dir, r.network) in dirs]
+        if t.key not in outcome.failed:
+            due += _releasable(t, claims, dirs, outcome, settings.dry_run)
     released = list(range(len(due))) if settings.dry_run else _release_all(due, dirs, settings, outcome)
     for i in released:
         t, r = due[i]
         outcome.note(t.key, f"host-local reservation {r.network}/{r.ip}", "reservation")
+
+
+def _releasable(t: Target, claims: Claims, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome,
+                dry_run: bool) -> list[tuple[Target, Reservation]]:
+    """t's own reservations of its dead addresses, in a directory locked here (any, in a dry run); a directory
+    not seen as it was recorded keeps the record (_verify_dir)."""
+    due = []
+    for ip in sorted(t.dead_ips):
+        _verify_dir(t, ip, dirs, outcome)
+        due += [(t, r) for r in claims.releasable(t, ip) if dry_run or (r.data_dir, r.network) in dirs]
+    return due
 
 
 def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, str], NetworkDir], settings: CleanupOptions,
@@ -296,7 +323,6 @@ def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, st
 def _forget(targets: list[Target], outcome: Outcome, settings: CleanupOptions) -> None:
     """libcni's cached results of the targets forget their dead addresses, journaled first, a batch at a time;
     a target whose cached result names one and could not be rewritten keeps its reservations (failed)."""
-    from cni_reaper.reap import cache
     from cni_reaper.state.journal import batches
 
     failed: dict[Key, Target] = {}
@@ -304,28 +330,35 @@ def _forget(targets: list[Target], outcome: Outcome, settings: CleanupOptions) -
     items = [{"kind": "cache", "key": list(t.key), "cacheDir": t.cache_dir, "entry": e.name, "content": e.text}
              for t, e in jobs]
     for start, end, dumped in batches(items):
-        batch = jobs[start:end]
         try:
             event = settings.note(items[start:end], dumped)
         except OSError:
             failed.update({t.key: t for t, _ in jobs[start:]})
             break
-        done = []
-        for cache_dir in dict.fromkeys(t.cache_dir for t, _ in batch):
-            mine = [i for i, (t, _) in enumerate(batch) if t.cache_dir == cache_dir]
-            for i, ok in zip(mine, cache.forget(cache_dir, [(batch[i][1], set(batch[i][0].dead_ips)) for i in mine])):
-                t, e = batch[i]
-                if ok:
-                    done.append(i)
-                    log.info("libcni's cached result no longer names the dead addresses", entry=e.name,
-                             addresses=sorted(t.dead_ips))
-                else:
-                    failed[t.key] = t
-        settings.noted(event, sorted(done))
+        settings.noted(event, _forget_batch(jobs[start:end], failed))
     for t in failed.values():
         outcome.errors.append(f"libcni's cache entry of {t.container_id} may name a dead address and cannot be read or "
                               "rewritten; its reservations are kept")
         outcome.failed.add(t.key)
+
+
+def _forget_batch(batch: list[tuple[Target, Cached]], failed: dict[Key, Target]) -> list[int]:
+    """One journaled batch of cached results made to forget their targets' dead addresses, one cache directory
+    at a time; the indexes of those rewritten (a target whose entry could not be goes into `failed`)."""
+    from cni_reaper.reap import cache
+
+    done = []
+    for cache_dir in dict.fromkeys(t.cache_dir for t, _ in batch):
+        mine = [i for i, (t, _) in enumerate(batch) if t.cache_dir == cache_dir]
+        for i, ok in zip(mine, cache.forget(cache_dir, [(batch[i][1], set(batch[i][0].dead_ips)) for i in mine])):
+            t, e = batch[i]
+            if ok:
+                done.append(i)
+                log.info("libcni's cached result no longer names the dead addresses", entry=e.name,
+                         addresses=sorted(t.dead_ips))
+            else:
+                failed[t.key] = t
+    return sorted(done)
 
 
 def _cache_jobs(targets: list[Target], failed: dict[Key, Target]) -> list[tuple[Target, Cached]]:

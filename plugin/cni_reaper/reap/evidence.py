@@ -314,14 +314,18 @@ def live_at_path(quick: QuickView, view: View) -> set[str]:
         return set()
     live: set[str] = set()
     for g in quick.groups:
-        if g.boot == h.boot and (not g.machine or not h.machine or g.machine == h.machine):
+        if _this_host(g.boot, g.machine, h):
             live.update(probes.holding_group(g.names, g.dirs, g.bases, g.ints, g.digest))
-    if quick.void:
-        live -= quick.void  # what they hold now is in `saved`, or they are judged in full
+    live -= quick.void  # what they hold now is in `saved`, or they are judged in full
     for s in quick.saved:
-        if s.boot == h.boot and (not s.machine or not h.machine or s.machine == h.machine):
+        if _this_host(s.boot, s.machine, h):
             live.update(probes.holding_flat(s.names, s.paths, s.ints))
     return live
+
+
+def _this_host(boot: str | None, machine: str, h: probes.Host) -> bool:
+    """Recorded in this boot of this machine (a machine id not known on either side: the boot decides)."""
+    return boot == h.boot and (not machine or not h.machine or machine == h.machine)
 
 
 def out_of_reach(f: Facts, view: View) -> str | None:

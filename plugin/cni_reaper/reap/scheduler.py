@@ -111,10 +111,7 @@ def _this_client(agent: Agent, word: Word) -> str | None:
     if not isinstance(node, str) or not node:
         word.silent(f"the agent at {agent.conn.address} is no Nomad client (a server only?): it runs no allocation")
         return None
-    state = _get(me, "config", "Client", "StateDir") or ""
-    data = _get(me, "config", "DataDir") or ""
-    if not isinstance(state, str) or not state:
-        state = f"{data}/client" if isinstance(data, str) and data else ""
+    state = _state_dir(me)
     found = read_client_id(state) if state else None
     if found != node:
         seen = f"{state}/client-id holds {found}" if found else (f"{state}/client-id cannot be read here" if state
@@ -123,6 +120,16 @@ def _this_client(agent: Agent, word: Word) -> str | None:
                     f"and {seen}")
         return None
     return node
+
+
+def _state_dir(me: Any) -> str:
+    """The client's state directory as the agent's configuration names it (its DataDir's client/ when it names
+    none; "" when neither is named)."""
+    state = _get(me, "config", "Client", "StateDir") or ""
+    if isinstance(state, str) and state:
+        return state
+    data = _get(me, "config", "DataDir") or ""
+    return f"{data}/client" if isinstance(data, str) and data else ""
 
 
 def _listed(agent: Agent, node: str, word: Word) -> dict[str, str] | None:

@@ -175,14 +175,8 @@ def select_indexed(store: Store, view: View, conf: Any, exclude: frozenset = fro
     """The selection of a verb's sweep from the index: records are read only when the index says they are
     to be cleaned, have earlier lives, or cannot be judged (what they hold must be known whole)."""
     sel = Selection(view)
-    wanted = []
     entries, states = judge_indexed(store, view, conf.cniCacheDir, every=True)
-    for name, e in entries.items():
-        state = states[name]
-        if (state in HOLDING or e.key in exclude) and not (e.earlier or state == UNKNOWN):
-            sel.hold(e.key, set(e.ips))
-        elif state in SWEEPABLE or e.earlier or state == UNKNOWN:
-            wanted.append(name)
+    wanted = [name for name, e in entries.items() if _read_whole(sel, e, states[name], exclude)]
     records = [r for r in (store.load_named(n) for n in wanted) if r is not None]
     for r in records:
         j = _judge(sel, r, {conf.name: conf}, conf, exclude, None)
@@ -190,6 +184,15 @@ def select_indexed(store: Store, view: View, conf: Any, exclude: frozenset = fro
             sel.judged.append(j)
     sel.data_dirs.append(conf.ipamDataDir)
     return sel
+
+
+def _read_whole(sel: Selection, e: Entry, state: str, exclude: frozenset) -> bool:
+    """Whether an index entry's record is to be read (cleaned, earlier lives, not judged); else what it holds
+    is noted from the entry alone, when it holds anything."""
+    whole = state in SWEEPABLE or bool(e.earlier) or state == UNKNOWN
+    if not whole and (state in HOLDING or e.key in exclude):
+        sel.hold(e.key, set(e.ips))
+    return whole
 
 
 # -- targets ------------------------------------------------------------------------------------------
@@ -280,8 +283,7 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         out.unknown = dict(sel.view.blind)
         return out
     started = time.monotonic()
-    networks = {j.key.network for j in sel.judged} | {t.network for t in targets}
-    watching = {n for n in networks if modes is not None and modes.observing(n)}
+    watching = _watching(sel, targets, modes)
     journal = Journal(store) if store is not None and not dry_run else None
     outcome = _cleaned(store, conf.lockTimeout, sel, targets, watching, dry_run, backend_for, journal)
     _note_unproven(sel, outcome)
@@ -289,6 +291,12 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
     if journal is not None and store is not None:
         settle(store, sel, targets, outcome, time.monotonic() - started, watching, journal)
     return outcome
+
+
+def _watching(sel: Selection, targets: list[Target], modes: ModeSources | None) -> set[str]:
+    """The networks of this sweep in observe mode (judge/modes: the one answer)."""
+    networks = {j.key.network for j in sel.judged} | {t.network for t in targets}
+    return {n for n in networks if modes is not None and modes.observing(n)}
 
 
 def _cleaned(store: Store | None, lock_timeout: float, sel: Selection, targets: list[Target], watching: set[str],
@@ -413,20 +421,31 @@ def _settle_all(store: Store, due: list[tuple[Judged, tuple[Life, ...]]], journa
             event = journal.intent(log.field("verb"), items[start:end], dumped)
         except OSError:
             return dropped  # not noted: the records stay, and so they are looked at again
-        gone = [j for j, _ in due[start:end] if j.state in SWEEPABLE]
-        errors = store.remove_all([j.key for j in gone])
-        went = [j for j, error in zip(gone, errors) if error is None]
-        dropped += went
-        log.each("info", "record dropped", [{"network": j.key.network, "containerID": j.key.container_id,
-                                             "ifname": j.key.ifname, "state": j.state, "why": j.why} for j in went])
-        failed = next((error for error in errors if error is not None), None)
-        if failed is not None:  # the others of the batch went: the next sweep looks at those that did not
-            raise failed
-        for j, kept in due[start:end]:
-            if j.state not in SWEEPABLE:
-                store.save(j.record.replace(earlier=kept))
+        dropped += _settle_batch(store, due[start:end])
         journal.done(event, list(range(end - start)))
     return dropped
+
+
+def _settle_batch(store: Store, due: list[tuple[Judged, tuple[Life, ...]]]) -> list[Judged]:
+    """One journaled batch: the dead records removed, the others trimmed to the lives they keep; raises the
+    first removal that failed (the others of the batch went: the next sweep looks at those that did not)."""
+    gone = [j for j, _ in due if j.state in SWEEPABLE]
+    errors = store.remove_all([j.key for j in gone])
+    went = [j for j, error in zip(gone, errors) if error is None]
+    log.each("info", "record dropped", [_said(j) for j in went])
+    failed = next(filter(None, errors), None)
+    if failed is not None:
+        raise failed
+    for j, kept in due:
+        if j.state not in SWEEPABLE:
+            store.save(j.record.replace(earlier=kept))
+    return went
+
+
+def _said(j: Judged) -> dict[str, str]:
+    """A judged record as a log line names it."""
+    return {"network": j.key.network, "containerID": j.key.container_id, "ifname": j.key.ifname, "state": j.state,
+            "why": j.why}
 
 
 def _due(store: Store, sel: Selection, outcome: Outcome, watching: set[str]) -> list[tuple[Judged, tuple[Life, ...]]]:

@@ -78,11 +78,17 @@ def main(name: str) -> int:
         return _cannot_run(name, plugin, exc.args[0], command)
     if after and code == 0:
         own_part.run(stdin, out)
+    return _answer(code, out)
+
+
+def _answer(code: int, out: bytes) -> int:
+    """Hand the real plugin's answer on: its output, then its exit (a signal that killed it kills the wrapper,
+    so that the runtime sees what it would have seen)."""
     try:
         os.write(1, out) if out else None
     except OSError:
         return code if code > 0 else 1
-    if code < 0:  # killed by a signal: so is the wrapper, and the runtime sees what it would have seen
+    if code < 0:
         _die_of(-code)
         return 128 - code  # a signal that does not end a process by default
     return code
