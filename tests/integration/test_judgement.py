@@ -121,3 +121,18 @@ def test_a_record_stays_while_a_reservation_naming_it_is_not_the_one_it_recorded
     os.utime(path, ns=(recorded, recorded))
     assert sb.cli("sweep", "--apply").returncode == 0
     assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None
+
+
+def test_what_undo_put_back_is_cleaned_again_by_the_next_sweep(sb):
+    """Case 4, undo's rewrite: the reservation undo puts back is a new file, made as host-local made it (its
+    modification time); the record undo puts back knows it as its own, and the next sweep cleans it all again
+    and drops the record (before, the rewrite kept every leftover for good)."""
+    cid, ips = _leak(sb, "8094:80/tcp")
+    assert sb.cli("sweep", "--apply").returncode == 0
+    assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None
+    out = sb.cli("undo", cid)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sb.residue(NET, cid, ips) and sb.record(cid) is not None
+    out = sb.cli("sweep", "--apply")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None, out.stdout

@@ -304,7 +304,7 @@ def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, st
     from cni_reaper.state.journal import batches
 
     items = [{"kind": "reservation", "key": list(t.key), "dataDir": r.data_dir, "network": r.network, "ip": r.ip,
-              "content": r.content, "mode": r.mode} for t, r in due]
+              "content": r.content, "mode": r.mode, "mtime": r.ident[1]} for t, r in due]
     released: list[int] = []
     for start, end, dumped in batches(items):
         try:

@@ -185,7 +185,8 @@ def _json_object(v: object) -> bool:
 
 _SHAPES: dict[str, dict[str, Any]] = {
     "reservation": {"dataDir": _absolute, "network": _name, "ip": _ip,
-                    "content": lambda v: _text(v, True)},
+                    "content": lambda v: _text(v, True),
+                    "mtime": lambda v: v is None or (type(v) is int and v >= 0)},
     "iptables": {"family": lambda v: v in (4, 6), "flavour": lambda v: v in ("nft", "legacy"),
                  "op": _text, "table": _name, "chain": lambda v: _name(v) and " " not in str(v)},
     "nft": {"family": _text, "table": _text, "chain": _text, "rule": lambda v: isinstance(v, dict)},
@@ -274,6 +275,8 @@ def _write_reservation(d: Any, it: dict[str, Any]) -> None:
         fd = open_regular(it["ip"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, it.get("mode", 0o600), dir_fd=d.fd)
         try:
             os.write(fd, it["content"].encode())
+            if it.get("mtime") is not None:  # as host-local made it: the record put back knows it by that time
+                os.utime(fd, ns=(it["mtime"], it["mtime"]))
         finally:
             os.close(fd)
 
