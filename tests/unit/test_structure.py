@@ -55,7 +55,7 @@ GRAPH = {name: imports_of(name) for name in MODULES}
 
 
 def test_the_graph_is_read():
-    assert "cni_reaper.reap.sweep" in GRAPH["cni_reaper.verbs.delete"]
+    assert "cni_reaper.reap.engine" in GRAPH["cni_reaper.verbs.delete"]
     assert "cni_reaper.reap.netfilter.iptables.rules" in GRAPH["cni_reaper.reap.netfilter.iptables.plan"]
     assert "cni_reaper.reap.cleanup" in GRAPH["cni_reaper.reap.sweep"]  # a lazy import counts
 

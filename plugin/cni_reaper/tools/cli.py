@@ -229,15 +229,11 @@ def _records(state_dir: str) -> list[Record]:
 
 
 def _states(records: list[Record], group: list[Context], view) -> dict[Key, tuple[str, str]]:
-    """Each record's state and why, judged as the sweep judges it (with its own settings)."""
-    from cni_reaper.reap.sweep import judge, settings_of
+    """Each record's state and why, judged as every pass judges it (with its own settings)."""
+    from cni_reaper.reap.engine import judged
 
     confs = {c.network: c.conf for c in group if c.network}
-    out = {}
-    for r in records:
-        j = judge(r, view, settings_of(r, confs), group[0].conf.cniCacheDir)
-        out[r.key] = (j.state, j.why)
-    return out
+    return {k: (v.state, v.why) for k, v in judged(records, view, confs, group[0].conf.cniCacheDir).items()}
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:

@@ -14,8 +14,8 @@ import time
 
 from cni_reaper import log
 from cni_reaper.reap import netns, nomad, probes, scheduler
-from cni_reaper.reap.evidence import DEAD, Facts, judge_life
-from cni_reaper.reap.sweep import Verdict
+from cni_reaper.reap.engine import DEAD, Verdict, life
+from cni_reaper.reap.evidence import Facts
 from cni_reaper.state.journal import Journal
 
 TYPE_CHECKING = False
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.judge.modes import ModeSources
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View
     from cni_reaper.reap.scheduler import Word
     from cni_reaper.state.record import Record
     from cni_reaper.values import Key
@@ -147,8 +147,8 @@ def _judged(r: Record, why: str, view: View, occupancy: netns.Occupancy, said: S
     """The verdict on one record the word proves over (None: a process is in its namespace); with `store`,
     its namespace mount is removed first, when nothing else holds it."""
     f = Facts.of_life(r.current)
-    seen = judge_life(f, view)  # before any removal: a removal that failed half-way changes this view only
-    if seen[0] != DEAD:  # dead by the host's own evidence: its namespace is gone, its number may be another's
+    seen = life(r.current, view)  # before any removal: a removal that failed half-way changes this view only
+    if seen.state != DEAD:  # dead by the host's own evidence: its namespace is gone, its number may be another's
         why_not = _occupied(f, occupancy)
         if why_not is not None:
             view.note(f"Nomad says an allocation is over, but {why_not}: its tasks may still be stopping; "
@@ -156,7 +156,7 @@ def _judged(r: Record, why: str, view: View, occupancy: netns.Occupancy, said: S
             return None
     if store is not None and _pinned_here(f) and _remove_netns(r, f, view, store, occupancy):
         said.namespaces[(r.network, "namespaces")] = said.namespaces.get((r.network, "namespaces"), 0) + 1
-        seen = judge_life(f, view)
+        seen = life(r.current, view)
     return _verdict(why, seen)
 
 
@@ -185,14 +185,13 @@ def _says(word: Word, r: Record) -> str | None:
     return word.says_over(r.container_id, r.current.created, r.current.netns)
 
 
-def _verdict(why: str, judged: tuple[str, str]) -> Verdict:
-    """The word's verdict on a life the host judged `judged` (state, why)."""
+def _verdict(why: str, seen: Verdict) -> Verdict:
+    """The word's verdict on a life the host judged `seen`."""
     from cni_reaper.reap.targets import PARTS
 
-    state, seen = judged
-    if state == DEAD:
+    if seen.state == DEAD:
         return Verdict(DEAD, why)
-    return Verdict(DEAD, f"{why}; its reservation stays while its namespace holds the address ({seen}: "
+    return Verdict(DEAD, f"{why}; its reservation stays while its namespace holds the address ({seen.why}: "
                          "remove the namespace, or sweep with --nomad-remove-netns)", PARTS - {"reservation"})
 
 

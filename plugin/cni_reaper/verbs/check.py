@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
 from cni_reaper.reap import probes
-from cni_reaper.reap.sweep import sweep_quietly
+from cni_reaper.reap.engine import verb_pass
 from cni_reaper.state.record import RecordSettings, merge, same_life
 from cni_reaper.state.store import Store
 from cni_reaper.verbs.recording import current_life
@@ -40,7 +40,7 @@ def run(inv: Invocation) -> None:
                     record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
                                       inv.args or existing.cni_args, settings)
                     store.save(record)
-                sweep_quietly(store, conf)
+                verb_pass(store, conf)
                 return None
             record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
                               inv.args or (existing.cni_args if existing else {}), settings)
@@ -49,7 +49,7 @@ def run(inv: Invocation) -> None:
                 log.info("CHECK adopted an attachment that had no record")
             else:
                 log.warn("CHECK found a stale record and repaired it; the earlier life is kept for clean-up")
-            sweep_quietly(store, conf)
+            verb_pass(store, conf)
     finally:
         store.close()
     return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cni_reaper.cni.shell import Invocation
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.targets import Target
     from cni_reaper.state.record import Record
@@ -45,27 +45,11 @@ def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Targe
             parts.add("dnat")
         if conf.prevResult is None:
             parts.add("forward")
-    from cni_reaper.reap import probes
-    from cni_reaper.reap.evidence import DEAD
-    from cni_reaper.reap.sweep import Verdict, dead_target, earlier_target, judge, settings_of
-    from cni_reaper.reap.targets import PARTS
-    from cni_reaper.state.record import RecordSettings
+    from cni_reaper.reap.engine import del_targets
 
-    s = settings_of(record, {conf.name: conf}) or RecordSettings.of_conf(conf)
-    j = judge(record, view, s, conf.cniCacheDir, Verdict(DEAD, "DEL"))
-    if j.state != DEAD:  # out of this process's reach: its tombstone asks a sweep that reaches them (verify)
-        log.info("nothing of this attachment removed before the plugins' DEL; left for a sweep", why=j.why)
-        return None
-    if not same:
-        return [dead_target(j, view, keep_masq_chain=probes.maybe_there(inv.netns),
-                            parts=PARTS - {"reservation"}, lives=list(record.lives))]
-    targets = []
-    if parts:
-        targets.append(dead_target(j, view, keep_masq_chain=True, parts=parts, lives=[record.current]))
-    if record.earlier:
-        t = earlier_target(j, view)
-        if t is not None:
-            targets.append(t)
+    targets = del_targets(record, conf, view, inv.netns, same, frozenset(parts))
+    if targets is None:  # out of this process's reach: its tombstone asks a sweep that reaches them (verify)
+        log.info("nothing of this attachment removed before the plugins' DEL; left for a sweep")
     return targets
 
 
@@ -140,7 +124,7 @@ def _run(inv: Invocation, beside: bool = False) -> None:
     """The DEL, in a straight line under the state lock: load its record, judge what of it must go now,
     mark it torn down, plan and apply that with the sweep of the other dead attachments, settle the mark.
     `beside`: run while the downstream plugins' DEL runs (can_wait said nothing must go first)."""
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View
     from cni_reaper.state.store import Store
 
     conf = inv.conf
@@ -154,10 +138,10 @@ def _run(inv: Invocation, beside: bool = False) -> None:
                 log.info("no record for this attachment; nothing of it to remove")
             extra, verify = _now(record, inv, view, beside)
             record = _torn_down(store, record, inv, verify)
-            from cni_reaper.reap.sweep import sweep_quietly
+            from cni_reaper.reap.engine import verb_pass
 
             exclude = frozenset({record.key}) if record is not None else frozenset()
-            outcome = sweep_quietly(store, conf, exclude=exclude, extra=extra, view=view)
+            outcome = verb_pass(store, conf, exclude=exclude, extra=extra, view=view)
             _settle(store, record, outcome, extra)
     except CniError as err:
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.

@@ -14,10 +14,7 @@ if TYPE_CHECKING:
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup, pick
-from cni_reaper.judge.verdict import Verdict
-from cni_reaper.reap import orphans
-from cni_reaper.reap.evidence import DEAD, View
-from cni_reaper.reap.sweep import network_modes, select, sweep, sweep_modes
+from cni_reaper.reap.engine import gc_pass
 from cni_reaper.state.store import Store
 
 VALID_KEY = "cni.dev/valid-attachments"
@@ -54,28 +51,13 @@ def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
     return out
 
 
-def holds(pairs: set[tuple[str, str]], cid: str, ifname: str) -> bool:
-    """Whether (cid, ifname) is among `pairs`; an empty ifname on either side matches any ifname."""
-    return (cid, ifname) in pairs or (cid, "") in pairs or (not ifname and any(c == cid for c, _ in pairs))
-
-
 def run(inv: Invocation) -> None:
     conf = inv.conf
     valid = valid_attachments(inv.raw)
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
         with store.locked():
-            records = list(store.records())
-            mine = [r for r in records if r.network == conf.name]
-            verdicts = {r.key: Verdict(DEAD, "not among the runtime's valid attachments (GC)") for r in mine
-                        if not holds(valid, r.container_id, r.ifname)}
-            # GC looks at once at what something not ours held (as an operator's sweep does)
-            sel = select(records, View(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)
-            live = {(k.container_id, k.ifname) for k in sel.holders if k.network == conf.name}  # every record not dead holds
-            recorded = {(r.network, r.container_id) for r in mine}
-            sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
-            sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))
-            sweep(store, conf, sel, modes=sweep_modes(network_modes(store, conf), conf))
+            gc_pass(store, conf, valid)
     finally:
         store.close()
     return None

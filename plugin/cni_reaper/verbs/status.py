@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.cni.shell import Invocation
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View
 
 from cni_reaper import log
 from cni_reaper.errors import STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
@@ -46,7 +46,7 @@ def _sweep(conf: Any) -> None:
     held; when one went, the sweep runs again and finds that life dead."""
     if not os.path.isdir(conf.stateDir):
         return
-    from cni_reaper.reap.evidence import View, await_lingering
+    from cni_reaper.reap.engine import View, await_lingering
 
     view = View(recreate_wait=RECREATE_WAIT)
     _locked_sweep(conf, view)
@@ -62,7 +62,7 @@ def _sweep(conf: Any) -> None:
 
 
 def _locked_sweep(conf: Any, view: View) -> None:
-    from cni_reaper.reap.sweep import sweep_quietly
+    from cni_reaper.reap.engine import verb_pass
     from cni_reaper.state.store import Store
 
     store = Store(conf.stateDir, conf.lockTimeout)
@@ -71,7 +71,7 @@ def _locked_sweep(conf: Any, view: View) -> None:
         with store.locked():
             if store.waited > 0.1:
                 log.info("waited for the state lock", seconds=round(store.waited, 3))
-            sweep_quietly(store, conf, view=view)
+            verb_pass(store, conf, view=view)
     except CniError as err:
         if err.code == TRY_AGAIN_LATER:
             log.warn("sweep skipped: the state lock stayed held; the next call sweeps", error=err.msg)

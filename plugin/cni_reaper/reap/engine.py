@@ -1,0 +1,138 @@
+"""The engine (issue 42): the one pipeline every verb and command runs, each with a selection of its own.
+
+    select -> observe the host -> judge -> plan -> apply -> settle
+
+- select: which records and tagged attachments a pass works on (a verb's: what the index says is stale; GC's:
+  what the runtime's valid list leaves out; the operator's: every record, with the scheduler's word and the
+  orphans; a DEL's: its own record first);
+- observe: reap/evidence.py, the only place that looks at the host, and only at what the judge asks;
+- judge: judge/ (pure): a verdict per attachment, a mode per network (judge/modes.py, one answer), whose a
+  reservation is (judge/reservations.py); who holds an address is reap/claims.Holdings, one answer;
+- plan and apply: reap/cleanup.py under host-local's locks (the claims narrow each target to what is its
+  alone), the planners and the backends;
+- settle: a record goes only when everything it held is verified gone (reap/sweep.settle).
+
+verbs/, tools/ and wrap/ ask the engine (this module) for a pass or a judgement; they never assemble one from
+the stages. The stages live in reap/sweep.py, reap/claims.py and reap/cleanup.py.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    from cni_reaper.judge.modes import ModeSources
+    from cni_reaper.reap.outcome import Outcome
+    from cni_reaper.reap.targets import Target
+    from cni_reaper.state.record import Life, Record
+    from cni_reaper.state.store import Store
+    from cni_reaper.values import Key
+
+from cni_reaper.judge.verdict import (  # noqa: F401 - the states, as the engine's callers name them
+    DEAD,
+    DONE,
+    EXPIRED,
+    HELD,
+    LEFT,
+    LIVE,
+    SWEEPABLE,
+    UNKNOWN,
+    WAIT,
+    Verdict,
+)
+from cni_reaper.reap.evidence import View, await_lingering  # noqa: F401 - a pass's view, STATUS's wait
+from cni_reaper.reap.sweep import sweep_quietly as verb_pass  # noqa: F401 - the pass of every CNI call
+
+
+def del_targets(record: Record, conf: Any, view: View, netns: str, same: bool,
+                parts: frozenset[str]) -> list[Target] | None:
+    """What of a DEL's own attachment goes now, before the downstream plugins' DEL (verbs/delete.py says when):
+    its record judged as every pass judges one, the runtime's DEL its verdict. `same`: the DEL's netns is the
+    recorded life's and alive (then only `parts` of the current life, and the earlier lives); else every life but
+    the reservations (bridge's DEL has host-local release them), the masquerade chain kept while a namespace is
+    at `netns`. None: out of this process's reach (nothing now; a sweep that reaches them takes them)."""
+    from cni_reaper.reap import probes
+    from cni_reaper.reap.sweep import dead_target, earlier_target, judge, settings_of
+    from cni_reaper.reap.targets import PARTS
+    from cni_reaper.state.record import RecordSettings
+
+    s = settings_of(record, {conf.name: conf}) or RecordSettings.of_conf(conf)
+    j = judge(record, view, s, conf.cniCacheDir, Verdict(DEAD, "DEL"))
+    if j.state != DEAD:
+        return None
+    if not same:
+        return [dead_target(j, view, keep_masq_chain=probes.maybe_there(netns), parts=PARTS - {"reservation"},
+                            lives=list(record.lives))]
+    targets = []
+    if parts:
+        targets.append(dead_target(j, view, keep_masq_chain=True, parts=parts, lives=[record.current]))
+    t = earlier_target(j, view) if record.earlier else None
+    return targets + ([t] if t is not None else [])
+
+
+def judged(records: Iterable[Record], view: View, confs: dict[str, Any], cache_dir: str) -> dict[Key, Verdict]:
+    """Each record's verdict, judged as every pass judges it (with its own settings, or its network's `confs`
+    for a record of cni-reaper 0.2; `cache_dir`: where libcni's cache is looked for then): list, doctor."""
+    from cni_reaper.reap.sweep import judge, settings_of
+
+    out = {}
+    for r in records:
+        j = judge(r, view, settings_of(r, confs), cache_dir)
+        out[r.key] = Verdict(j.state, j.why)
+    return out
+
+
+def life(life: Life, view: View) -> Verdict:
+    """One life's verdict on the host's own evidence (the scheduler's word asks it of an allocation's namespace)."""
+    from cni_reaper.reap.evidence import Facts, judge_life
+
+    state, why = judge_life(Facts.of_life(life), view)
+    return Verdict(state, why)
+
+
+def holdings(records: Iterable[Record], view: View, confs: dict[str, Any], cache_dir: str) -> dict[Key, set[str]]:
+    """Who holds which addresses, as every pass judges it (record key -> the addresses of its lives that are not
+    dead): what undo may not put back."""
+    from cni_reaper.reap.sweep import holdings as judged_holdings
+
+    return judged_holdings(records, view, confs, cache_dir)
+
+
+def holds(pairs: set[tuple[str, str]], cid: str, ifname: str) -> bool:
+    """Whether (cid, ifname) is among `pairs` (GC's valid list, the live records); an empty ifname on either side
+    matches any ifname."""
+    return (cid, ifname) in pairs or (cid, "") in pairs or (not ifname and any(c == cid for c, _ in pairs))
+
+
+def gc_pass(store: Store, conf: Any, valid: set[tuple[str, str]]) -> Outcome:
+    """GC (CNI 1.1): every attachment of conf's network that the runtime's valid list (`valid`: (container ID,
+    ifname) pairs, holds) does not name is dead by the runtime's word: its record, and the tagged rules and
+    reservations of such containers with no record; one pass, every other network's dead attachments included,
+    at once (what something not ours held is looked at now). The caller holds the state lock."""
+    from cni_reaper.reap import orphans
+    from cni_reaper.reap.sweep import network_modes, select, sweep, sweep_modes
+
+    records = list(store.records())
+    mine = [r for r in records if r.network == conf.name]
+    verdicts = {r.key: Verdict(DEAD, "not among the runtime's valid attachments (GC)") for r in mine
+                if not holds(valid, r.container_id, r.ifname)}
+    sel = select(records, View(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)
+    live = {(k.container_id, k.ifname) for k in sel.holders if k.network == conf.name}  # every record not dead holds
+    recorded = {(r.network, r.container_id) for r in mine}
+    sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
+    sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))
+    return sweep(store, conf, sel, modes=sweep_modes(network_modes(store, conf), conf))
+
+
+def operator_pass(store: Store | None, conf: Any, records: list[Record], view: View, confs: dict[str, Any],
+                  modes: ModeSources, dry_run: bool, only_network: str | None = None,
+                  verdicts: dict[Key, Verdict] | None = None, extra: list[Target] | None = None) -> Outcome:
+    """The operator's sweep of one network (or of every one): every record, judged at once (what something not
+    ours held is looked at now), with the scheduler's `verdicts` and the orphans found (`extra`)."""
+    from cni_reaper.reap.sweep import select, sweep
+
+    sel = select(records, view, confs, conf, only_network=only_network, verdicts=verdicts)
+    sel.extra = list(extra or ())
+    return sweep(store, conf, sel, dry_run=dry_run, modes=modes)
