@@ -69,13 +69,18 @@ class Cached:
         self.network = _str(doc.get("networkName"))
         self.container_id = _str(doc.get("containerId"))
         self.ifname = _str(doc.get("ifName"))
-        self.netns = _str(doc.get("netns")) or _str((doc.get("runtimeConfig") or {}).get("netns"))
         result = result_of(doc)
-        self.ips = sorted({ip for ip in _result_ips(result)})
+        self.ips = sorted(set(_result_ips(result)))
         interfaces = [i for i in result.get("interfaces") or [] if isinstance(i, dict)]
         self.veths = _host_veths(interfaces)
-        if not self.netns:
-            self.netns = next((s for s in (i.get("sandbox") for i in interfaces) if isinstance(s, str) and s), "")
+        self.netns = _netns_of(doc, interfaces)
+
+
+def _netns_of(doc: dict[str, Any], interfaces: list[dict[str, Any]]) -> str:
+    """The netns a cache entry names: its own key, its runtime config's, else its result's sandbox."""
+    runtime = doc.get("runtimeConfig")
+    named = _str(doc.get("netns")) or _str(runtime.get("netns") if isinstance(runtime, dict) else None)
+    return named or next((s for s in (i.get("sandbox") for i in interfaces) if isinstance(s, str) and s), "")
 
 
 def _host_veths(interfaces: list[dict[str, Any]]) -> list[str]:
