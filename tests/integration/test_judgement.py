@@ -136,3 +136,27 @@ def test_what_undo_put_back_is_cleaned_again_by_the_next_sweep(sb):
     out = sb.cli("sweep", "--apply")
     assert out.returncode == 0, out.stdout + out.stderr
     assert sb.residue(NET, cid, ips) == [] and sb.record(cid) is None, out.stdout
+
+
+def test_status_answers_at_once_while_another_process_holds_the_state_lock(sb):
+    """Issue 43, item 2: an operator's long `sweep --apply --lock-timeout 60` holds the state lock; every STATUS
+    (Nomad 1.9.5+ sends one before each ADD and DEL) answers at once, and sweeps again once the lock is free."""
+    import fcntl
+    import time
+
+    cid, ips = _leak(sb, "8095:80/tcp")
+    lock = open(sb.state_dir() / ".lock", "a")  # noqa: SIM115 - held across the calls below
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        rc, out, err = sb.status()
+        took = time.monotonic() - started
+        assert rc == 0 and out is None, err
+        assert took < 5, f"STATUS took {took:.1f} s while the state lock was held (lockTimeout is 10 s)"
+        assert sb.residue(NET, cid, ips)  # no sweep without the lock
+        assert "sweep skipped" in sb.log_file.read_text()
+    finally:
+        lock.close()
+    rc, _, err = sb.status()
+    assert rc == 0, err
+    assert sb.residue(NET, cid, ips) == []  # the lock free: the next STATUS sweeps

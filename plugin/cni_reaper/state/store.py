@@ -48,10 +48,11 @@ class Store:
     def close(self) -> None:
         self.dir.close()
 
-    def locked(self) -> _Locked:
-        """Hold the state lock (a context manager); give up after lock_timeout seconds with CNI error 11. Once
-        held, temp files of a writer that died are gone and the index is valid."""
-        return _Locked(self)
+    def locked(self, wait: float | None = None) -> _Locked:
+        """Hold the state lock (a context manager); give up after `wait` seconds (lock_timeout by default) with
+        CNI error 11. Once held, temp files of a writer that died are gone and the index is valid. The tools run
+        while it is held are bounded by lock_timeout's hold (files.holding) whatever `wait` is."""
+        return _Locked(self, self.lock_timeout if wait is None else min(wait, self.lock_timeout))
 
     # -- records -------------------------------------------------------------------------------------
     def load(self, network: str, container_id: str, ifname: str) -> Record | None:
@@ -194,8 +195,8 @@ _last_index: Index | None = None
 class _Locked:
     """The state lock as a context manager (a class: contextlib costs milliseconds to import)."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, wait: float) -> None:
+        self.store, self.wait = store, wait
         self.fd = -1
         self.hold = holding(store.lock_timeout, "its state lock")  # every allocation's cni-reaper waits for it
 
@@ -214,9 +215,9 @@ class _Locked:
                            "(nothing can be recorded without it, as host-local fails on an unusable dataDir)") from None
         try:
             started = time.monotonic()
-            if not flock_within(self.fd, st.lock_timeout):
+            if not flock_within(self.fd, self.wait):
                 raise CniError(TRY_AGAIN_LATER, f"state directory {st.root} is locked by another cni-reaper",
-                               f"waited {st.lock_timeout:g}s; retry the operation")
+                               f"waited {self.wait:g}s; retry the operation")
             st.waited = time.monotonic() - started
             self.hold.__enter__()
             st._load_index()

@@ -1,15 +1,16 @@
-"""STATUS: can an ADD be served? Cheap: a few stat calls, and with nothing stale no subprocess (Nomad 1.9.5+
-calls it before every ADD and DEL); up to 5 s more, and a look at every thread in /proc, only in the
-seconds after a recorded netns path got another namespace while the old one's veth is still there (below).
+"""STATUS: can an ADD be served? A readiness question, answered at once: a few stat calls, and with nothing
+stale no subprocess (Nomad 1.9.5+ calls it before every ADD and DEL).
 
 Only an unusable state directory makes STATUS fail: Nomad (1.9.5+) skips the whole DEL of an allocation when
 STATUS fails, so a clean-up that cannot run (iptables missing or broken, the xtables lock held) is logged by
 the sweep and retried later, never reported as "unavailable". Its sweep is the one a recreate needs (the
-old life's reservation released before bridge's ADD): it waits for the state lock as ADD does, logs when it
-had to, and when the lock stays held says so (the next call sweeps again). The old life's veth goes only
-when the kernel has taken its namespace down, some time after the runtime removed it (under load, seconds):
-STATUS waits for that veth (up to RECREATE_WAIT after the new namespace was made, no lock held; none that
-a thread is still in) and sweeps again once it went."""
+old life's reservation released before bridge's ADD), and runs only when the state lock is free: STATUS
+waits for it LOCK_WAIT at most (another allocation's call holds it for milliseconds), never `lockTimeout`
+(an operator's `sweep --apply --lock-timeout 60` holds it for as long as it runs); when it stays held the
+sweep is skipped, said in the log, and the next call sweeps. The old life's veth goes only when the kernel
+has taken its namespace down, some time after the runtime removed it (under load, seconds): STATUS waits
+for that veth (up to RECREATE_WAIT after the new namespace was made, no lock held; none that a thread is
+still in) and sweeps again once it went."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def run(inv: Invocation) -> None:
 
 
 RECREATE_WAIT = 5.0  # seconds after a namespace was put at a recorded path that its old veth is waited for
+LOCK_WAIT = 0.5  # seconds STATUS waits for the state lock (never lockTimeout: it answers at once)
 
 
 def _sweep(conf: Any) -> None:
@@ -68,12 +70,11 @@ def _locked_sweep(conf: Any, view: View) -> None:
     store = Store(conf.stateDir, conf.lockTimeout)
     try:
         store.open(create=False)
-        with store.locked():
-            if store.waited > 0.1:
-                log.info("waited for the state lock", seconds=round(store.waited, 3))
+        with store.locked(wait=LOCK_WAIT):
             verb_pass(store, conf, view=view)
     except CniError as err:
         if err.code == TRY_AGAIN_LATER:
-            log.warn("sweep skipped: the state lock stayed held; the next call sweeps", error=err.msg)
+            log.info("sweep skipped: another process holds the state lock; STATUS answered at once, the next "
+                     "call sweeps", error=err.msg)
     finally:
         store.close()
