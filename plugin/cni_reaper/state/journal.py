@@ -10,9 +10,15 @@ One JSON line per event, appended to `.journal` and fsynced before anything of i
   done: those items are "perhaps removed", and undo puts back those that are gone);
 - `undo`: which items an undo put back, and which it refused and why (a second undo finds nothing to do).
 
-Bounded: past MAX_BYTES the file becomes `.journal.1` (the one before is dropped), and a `.journal.1` older
-than MAX_AGE goes; so the journal never holds more than twice MAX_BYTES. A line cut by a writer that died is
-skipped by the reader.
+Written whole or not at all: a line is appended in as many writes as it takes, then fsynced; when that fails
+(a full file system), what was written of it is cut off again and the caller is told (OSError), so nothing of
+the clean-up is removed unjournaled. A line a writer that died cut short is ended before the next is appended,
+so that the reader skips it alone.
+
+Kept a month: past MAX_BYTES the file becomes `.journal.1` and each older generation moves one up, up to
+`.journal.8` (GENERATIONS); a generation older than MAX_AGE goes when the journal is read. Bounded all the
+same: at most GENERATIONS + 1 files of MAX_BYTES (288 MiB); a busy client that fills them in less than a month
+drops the oldest generation early, and the log says so.
 """
 
 from __future__ import annotations
@@ -30,9 +36,15 @@ from cni_reaper import jsonio
 from cni_reaper.files import open_regular
 
 NAME = ".journal"
+GENERATIONS = 8  # .journal.1 (the newest rotated) to .journal.8
 OLD = ".journal.1"
 MAX_BYTES = 32 << 20  # a sweep of 1,000 dead attachments journals about 5 MB: several fit before a rotation
 MAX_AGE = 30 * 86400.0
+
+
+def generation(n: int) -> str:
+    """The name of the journal's `n`th generation (0: the one written)."""
+    return f"{NAME}.{n}" if n else NAME
 BATCH = 256  # items per intent at most, when many go at once (one fsync per intent, not per item)
 BATCH_BYTES = 1 << 20  # and about this many bytes: a record may be large, a line stays far below MAX_BYTES
 
@@ -65,24 +77,51 @@ class Journal:
         return f"{time.time():.6f}-{os.getpid()}-{self._n}"
 
     def _append(self, event: dict[str, Any], items: list[str] | None = None) -> None:
-        """One line, fsynced; `items`: the event's items as JSON already (batches)."""
-        sd = self.store.dir
+        """One line, written whole and fsynced, or not at all (OSError); `items`: the event's items as JSON
+        already (batches)."""
         text = jsonio.dumps_raw(event)
         if items is not None:
             text = text[:-1] + ',"items":[' + ",".join(items) + "]}"
         line = text.encode() + b"\n"
+        self._rotate(len(line))
+        fd = open_regular(NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600, dir_fd=self.store.dir.dfd)
         try:
-            st = os.stat(NAME, dir_fd=sd.dfd, follow_symlinks=False)
-            if st.st_size + len(line) > MAX_BYTES:
-                sd.rename(NAME, OLD)
-        except FileNotFoundError:
-            pass
-        fd = open_regular(NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600, dir_fd=sd.dfd)
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # a line cut short by a writer that died stays a line of its own
+            try:
+                _write_all(fd, line)
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)  # nothing of it stays: an intent is whole or not there
+                raise
         finally:
             os.close(fd)
+
+    def _rotate(self, adding: int) -> None:
+        """Past MAX_BYTES, the file becomes the first generation and the older ones move up; the last goes."""
+        sd = self.store.dir
+        try:
+            st = os.stat(NAME, dir_fd=sd.dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if st.st_size + adding <= MAX_BYTES:
+            return
+        try:
+            last = os.stat(generation(GENERATIONS), dir_fd=sd.dfd, follow_symlinks=False)
+            if time.time() - last.st_mtime < MAX_AGE:
+                from cni_reaper import log
+
+                log.warn("the journal's oldest generation goes before it is a month old: clean-ups journal more "
+                         f"than {GENERATIONS + 1} x {MAX_BYTES >> 20} MiB a month here",
+                         file=f"{sd.root}/{generation(GENERATIONS)}")
+        except FileNotFoundError:
+            pass
+        for n in range(GENERATIONS - 1, -1, -1):
+            try:
+                sd.rename(generation(n), generation(n + 1))
+            except FileNotFoundError:
+                continue
 
     def intent(self, verb: str, items: list[dict[str, Any]], dumped: list[str] | None = None) -> str:
         """Note what is about to be removed (`dumped`: the items as JSON, when batches() made it); returns the
@@ -109,16 +148,15 @@ class Journal:
 
 
 def read(store: Store) -> list[dict[str, Any]]:
-    """Every event of the journal, oldest first (a cut or damaged line is skipped)."""
+    """Every event of the journal, oldest first (a cut or damaged line is skipped); generations older than
+    MAX_AGE go."""
     sd = store.dir
-    try:
-        st = os.stat(OLD, dir_fd=sd.dfd, follow_symlinks=False)
-        if time.time() - st.st_mtime > MAX_AGE and not sd.read_only:
-            sd.unlink(OLD)
-    except FileNotFoundError:
-        pass
     out: list[dict[str, Any]] = []
-    for name in (OLD, NAME):
+    for n in range(GENERATIONS, -1, -1):
+        name = generation(n)
+        if n and not sd.read_only and _older_than_kept(store, name):
+            sd.unlink(name)
+            continue
         data, _ = sd.read(name, 2 * MAX_BYTES)
         for line in (data or b"").splitlines():
             try:
@@ -128,6 +166,25 @@ def read(store: Store) -> list[dict[str, Any]]:
             if isinstance(event, dict) and isinstance(event.get("id"), str) and event.get("t") in ("intent", "done", "undo"):
                 out.append(event)
     return out
+
+
+def _older_than_kept(store: Store, name: str) -> bool:
+    try:
+        return time.time() - os.stat(name, dir_fd=store.dir.dfd, follow_symlinks=False).st_mtime > MAX_AGE
+    except FileNotFoundError:
+        return False
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` (a short write is continued; a write that makes no progress is ENOSPC)."""
+    import errno
+
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
 
 
 class Removed:
