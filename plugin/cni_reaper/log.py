@@ -106,3 +106,7 @@ def info(msg: str, **fields: object) -> None:
 
 def warn(msg: str, **fields: object) -> None:
     event("warning", msg, **fields)
+
+
+def error(msg: str, **fields: object) -> None:
+    event("error", msg, **fields)

@@ -56,3 +56,64 @@ def test_a_clean_up_on_a_full_file_system_removes_nothing_it_could_not_journal(s
         undo = sb.cli("undo", dead, *cli)
         assert undo.returncode == 0, undo.stdout + undo.stderr
         assert sorted(sb.residue(NET, dead, ips)) == sorted(before)
+
+
+def test_a_full_state_directory_never_fails_an_allocation(sb, tmp_path):
+    """Issue 43, item 3: the state directory's file system is full, host-local's has room. ADD and CHECK pass
+    the chain's answer through (the allocation gets its traffic), the log says the attachment was not recorded,
+    doctor fails its state-space check; once the allocation dies with no DEL, the orphan sweep cleans it as a
+    leak from before installation (libcni's cache says its netns is gone). Before: the ADD failed with
+    "cannot write record ... No space left on device"."""
+    with small_fs(tmp_path / "statefs", "256k") as fs:
+        state = fs / "reaper"
+        conflist = sb.conflist(stateDir=str(state))
+        warm, netns = unique("alloc-"), sb.container()
+        ips_of(sb.driver("add", warm, netns, (), conflist))  # the state directory is made; then no room is left
+        fill(fs)
+        cid, netns = unique("alloc-"), sb.container()
+        added = sb.driver("add", cid, netns, ("8098:80/tcp",), conflist)
+        ips = ips_of(added)
+        assert sb.reach(netns, "172.26.64.1", 8098, "served") == "served"
+        rc, _, err = sb.plugin("CHECK", _reaper_conf(conflist, added.stdout), cid, netns)
+        assert rc == 0, err
+        assert "was not recorded" in sb.log_file.read_text()
+        assert not any(r["containerID"] == cid for r in _records(state))
+        doctor = sb.cli("doctor", "--state-dir", str(state))
+        assert "state-space" in doctor.stdout and "FAIL" in doctor.stdout, doctor.stdout
+        sb.remove_container(netns)
+        (fs / "filler").unlink()
+        (fs / "filler-small").unlink()
+        out = sb.cli("sweep", "--apply", "--orphans", "--state-dir", str(state))
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert sb.residue(NET, cid, ips) == [], out.stdout
+
+
+def _reaper_conf(conflist, added: str) -> dict:
+    """cni-reaper's own entry of `conflist`, as the runtime hands it a CHECK (the chain's result as prevResult)."""
+    data = json.loads(conflist.read_text())
+    entry = next(p for p in data["plugins"] if p["type"] == "cni-reaper")
+    return {"cniVersion": data["cniVersion"], "name": data["name"], **entry, "prevResult": json.loads(added)[-1]}
+
+
+def _records(state):
+    return [json.loads(p.read_text()) for p in state.glob("r-*.json")]
+
+
+def test_a_state_lock_held_by_another_process_never_fails_an_allocation(sb):
+    """Never block an allocation for a lock someone else holds: an operator's long sweep keeps the state lock
+    past the ADD's lockTimeout; the ADD passes the chain's answer through (unrecorded, logged) instead of
+    failing with code 11."""
+    import fcntl
+
+    conflist = sb.conflist(lockTimeout=1)
+    ips_of(sb.driver("add", unique("alloc-"), sb.container(), (), conflist))  # the state directory is there
+    lock = open(sb.state_dir() / ".lock", "a")  # noqa: SIM115 - held across the ADD below
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cid, netns = unique("alloc-"), sb.container()
+        ips_of(sb.driver("add", cid, netns, ("8099:80/tcp",), conflist, settle=False))
+        assert sb.reach(netns, "172.26.64.1", 8099, "served") == "served"
+        assert "was not recorded" in sb.log_file.read_text()
+    finally:
+        lock.close()
+    sb.settle()

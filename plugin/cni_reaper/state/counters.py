@@ -29,7 +29,8 @@ BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds, t
 
 def empty() -> dict:
     return {"version": VERSION, "since": time.time(), "attachments": {}, "removed": {}, "failures": {},
-            "errors": 0, "sweeps": {}, "lastSweep": None, "lastFailure": None, "wouldRemove": {}, "schedulersWord": {}}
+            "errors": 0, "sweeps": {}, "lastSweep": None, "lastFailure": None, "wouldRemove": {}, "schedulersWord": {},
+            "unrecorded": 0}
 
 
 def parse(data: bytes | None) -> dict:
@@ -108,3 +109,22 @@ def add(store: Store, outcome: Outcome, cleaned: dict[str, int], seconds: float)
         log.warn("metrics could not be written", stateDir=store.root)
     except Exception as exc:  # noqa: BLE001 - counting never fails a verb
         log.warn("metrics could not be counted", error=f"{type(exc).__name__}: {exc}")
+
+
+def unrecorded(state_dir: str) -> None:
+    """Count an attachment that an ADD could not record (its own bookkeeping failed: a full disk, a lock held
+    too long), when the state lock can be had at once and the counters written; else the log line is all.
+    Never raises, never waits."""
+    from cni_reaper.state.store import Store
+
+    try:
+        store = Store(state_dir, 1.0).open(create=False)
+        try:
+            with store.locked(wait=0):
+                counters = load(store)
+                counters["unrecorded"] += 1
+                store.dir.write(FILE, jsonio.dumps(counters).encode(), durable=True)
+        finally:
+            store.close()
+    except Exception:  # noqa: BLE001 - a count that cannot be made is only a missing count
+        pass

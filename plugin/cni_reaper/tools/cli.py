@@ -572,11 +572,10 @@ def _doctor_networks(args, found, contexts: list[Context], cni_path: list[str]) 
             continue
         findings += [doctor.check_order(n), doctor.check_capability(n), doctor.check_ipam_dir(n, c.conf)]
         findings += doctor.check_plugins(n, cni_path)
-        findings += [doctor.check_state_dir(n.name, c.conf.stateDir), doctor.check_log_file(n.name, c.conf.logFile)]
+        findings += doctor.check_own_files(n.name, c.conf)
     for c in contexts:
-        if c.network and c.network not in by_name:  # a wrapped network: its settings file
-            findings += [doctor.check_state_dir(c.network, c.conf.stateDir),
-                         doctor.check_log_file(c.network, c.conf.logFile)]
+        if c.network not in by_name:  # a wrapped network (its settings file), or none: the flags and defaults
+            findings += doctor.check_own_files(c.network or "(defaults)", c.conf)
         findings.append(doctor.check_mode(c.network or "(defaults)", c.conf.mode, c.source))
     return findings
 

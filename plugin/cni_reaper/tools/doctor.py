@@ -20,6 +20,8 @@ from cni_reaper.tools.conflists import Network, Scan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from cni_reaper.state.record import Record
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -186,6 +188,32 @@ def check_state_dir(network: str, path: str | None) -> Finding:
         return Finding(WARN, "state-dir", network, f"{path} has mode {mode:04o}; the next call sets it to 0700",
                        f"chmod 0700 {path}")
     return Finding(OK, "state-dir", network, f"{path}: ours, 0700")
+
+
+def check_own_files(network: str, conf: Any) -> list[Finding]:
+    """cni-reaper's own files of a network: its state directory, the room in it, its log file."""
+    return [check_state_dir(network, conf.stateDir), check_state_space(network, conf.stateDir),
+            check_log_file(network, conf.logFile)]
+
+
+STATE_ROOM = 1 << 20  # bytes free below which records, the journal and the counters may not be written
+
+
+def check_state_space(network: str, path: str | None) -> Finding:
+    """Room to write in the state directory: without it an ADD passes through unrecorded and a clean-up removes
+    nothing it could not journal."""
+    if not path or not os.path.isdir(path):
+        return Finding(OK, "state-space", network, "no state directory yet")
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return Finding(WARN, "state-space", network, f"{path}: {exc.strerror}")
+    free = st.f_bavail * st.f_frsize
+    if free < STATE_ROOM or (st.f_files and st.f_favail == 0):
+        return Finding(FAIL, "state-space", network,
+                       f"{path} has {free >> 10} KiB free: ADDs are not recorded and clean-ups remove nothing",
+                       f"free space on the file system of {path}")
+    return Finding(OK, "state-space", network, f"{path} has {free >> 20} MiB free")
 
 
 def check_log_file(network: str, path: str) -> Finding:

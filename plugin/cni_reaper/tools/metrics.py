@@ -62,55 +62,76 @@ def _by_kind(counts: dict, shown: list[str], kinds: tuple[str, ...]) -> list[tup
     return [("", {"network": n, "kind": k}, counts.get(n, {}).get(k, 0)) for n in shown for k in kinds if n in counts]
 
 
+class _Families:
+    """The lines of an exposition, family by family."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, name: str, kind: str, help_text: str, samples: list[tuple[str, dict, float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for suffix, labels, value in samples:
+            self.lines.append(f"{name}{suffix}{_labels(**labels)} {_num(value)}")
+
+
 def exposition(counters: dict, records: dict[tuple[str, str], int], networks: list[str]) -> str:
     """The text a Prometheus scrape (or node_exporter's textfile collector) reads. `records`: (network,
     state) -> how many records are in that state now; `networks`: the networks to show even at zero."""
-    lines: list[str] = []
-
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, dict, float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for suffix, labels, value in samples:
-            lines.append(f"{name}{suffix}{_labels(**labels)} {_num(value)}")
-
     shown = sorted(set(networks) | set(counters["attachments"]) | set(counters["removed"]) | set(counters["wouldRemove"])
                    | set(counters["failures"]) | {n for n, _ in records})
-    family("cni_reaper_attachments_cleaned_total", "counter",
-           "Dead attachments whose leftovers cni-reaper removed (their records dropped).",
-           [("", {"network": n}, counters["attachments"].get(n, 0)) for n in shown])
-    family("cni_reaper_removed_total", "counter",
-           "Leftovers removed, by kind: iptables rules and chains (masquerade, dnat, firewall), rules in the "
-           "plugins' native nftables tables, host-local reservations, conntrack entries.",
-           [("", {"network": n, "kind": k}, counters["removed"].get(n, {}).get(k, 0)) for n in shown for k in KINDS])
-    family("cni_reaper_would_remove_total", "counter",
-           "Observe mode: leftovers cni-reaper would have removed (once per attachment and change), by kind.",
-           _by_kind(counters.get("wouldRemove", {}), shown, KINDS))
-    family("cni_reaper_schedulers_word_total", "counter",
-           "On Nomad's word (sweep --nomad): attachments whose leftovers were removed because the local agent "
-           "says their allocation is over, and network namespaces Nomad left that were removed.",
-           _by_kind(counters.get("schedulersWord", {}), shown, ("attachments", "namespaces")))
-    family("cni_reaper_cleanup_failures_total", "counter",
-           "Clean-ups of an attachment that left something behind (its record is kept and retried).",
-           [("", {"network": n}, counters["failures"].get(n, 0)) for n in shown])
-    family("cni_reaper_cleanup_errors_total", "counter",
-           "Errors met while cleaning up (see the log file for each).", [("", {}, counters["errors"])])
-    family("cni_reaper_sweep_duration_seconds", "histogram",
-           "Sweeps that cleaned something, by the verb (ADD, DEL, CHECK, STATUS, GC, sweep) that ran them.",
-           _sweep_samples(counters))
-    family("cni_reaper_last_sweep_timestamp_seconds", "gauge",
-           "When a sweep last cleaned something (0: never).", [("", {}, float(counters["lastSweep"] or 0))])
-    family("cni_reaper_last_failure_timestamp_seconds", "gauge",
-           "When a clean-up last failed (0: never).", [("", {}, float(counters["lastFailure"] or 0))])
-    family("cni_reaper_counters_since_timestamp_seconds", "gauge",
-           "When the counters started (they restart if the state directory's .metrics is lost).",
-           [("", {}, float(counters["since"]))])
+    out = _Families()
+    _cleanup_families(out, counters, shown)
+    _sweep_families(out, counters)
     states = ("live", "dead", "unknown", "left", "held", "torn_down")
-    family("cni_reaper_records", "gauge",
-           "Records by state: live (netns alive), dead (netns gone: cleaned on the next sweep), unknown (cannot be "
-           "judged from where the metrics were read), left (dead, its leftovers wait for the runtime's DEL or GC), "
-           "held (dead, something not ours holds a leftover: looked at again later), torn_down (DEL ran).",
-           [("", {"network": n, "state": st}, records.get((n, st), 0)) for n in shown for st in states])
-    return "\n".join(lines) + "\n"
+    out.add("cni_reaper_records", "gauge",
+            "Records by state: live (netns alive), dead (netns gone: cleaned on the next sweep), unknown (cannot be "
+            "judged from where the metrics were read), left (dead, its leftovers wait for the runtime's DEL or GC), "
+            "held (dead, something not ours holds a leftover: looked at again later), torn_down (DEL ran).",
+            [("", {"network": n, "state": st}, records.get((n, st), 0)) for n in shown for st in states])
+    return "\n".join(out.lines) + "\n"
+
+
+def _cleanup_families(out: _Families, counters: dict, shown: list[str]) -> None:
+    """What the clean-ups removed, would have removed, and failed to remove, by network."""
+    out.add("cni_reaper_attachments_cleaned_total", "counter",
+            "Dead attachments whose leftovers cni-reaper removed (their records dropped).",
+            [("", {"network": n}, counters["attachments"].get(n, 0)) for n in shown])
+    out.add("cni_reaper_removed_total", "counter",
+            "Leftovers removed, by kind: iptables rules and chains (masquerade, dnat, firewall), rules in the "
+            "plugins' native nftables tables, host-local reservations, conntrack entries.",
+            [("", {"network": n, "kind": k}, counters["removed"].get(n, {}).get(k, 0)) for n in shown for k in KINDS])
+    out.add("cni_reaper_would_remove_total", "counter",
+            "Observe mode: leftovers cni-reaper would have removed (once per attachment and change), by kind.",
+            _by_kind(counters.get("wouldRemove", {}), shown, KINDS))
+    out.add("cni_reaper_schedulers_word_total", "counter",
+            "On Nomad's word (sweep --nomad): attachments whose leftovers were removed because the local agent "
+            "says their allocation is over, and network namespaces Nomad left that were removed.",
+            _by_kind(counters.get("schedulersWord", {}), shown, ("attachments", "namespaces")))
+    out.add("cni_reaper_cleanup_failures_total", "counter",
+            "Clean-ups of an attachment that left something behind (its record is kept and retried).",
+            [("", {"network": n}, counters["failures"].get(n, 0)) for n in shown])
+    out.add("cni_reaper_cleanup_errors_total", "counter",
+            "Errors met while cleaning up (see the log file for each).", [("", {}, counters["errors"])])
+
+
+def _sweep_families(out: _Families, counters: dict) -> None:
+    """The sweeps: what ADD could not record, how long sweeps took, when they last cleaned or failed."""
+    out.add("cni_reaper_unrecorded_attachments_total", "counter",
+            "Attachments an ADD passed through without a record (its own bookkeeping failed: a full state directory, "
+            "the state lock held too long); they are judged as leaks from before installation. Counted when the "
+            "state directory could still be written: see doctor's state-space check and the log's errors.",
+            [("", {}, counters.get("unrecorded", 0))])
+    out.add("cni_reaper_sweep_duration_seconds", "histogram",
+            "Sweeps that cleaned something, by the verb (ADD, DEL, CHECK, STATUS, GC, sweep) that ran them.",
+            _sweep_samples(counters))
+    out.add("cni_reaper_last_sweep_timestamp_seconds", "gauge",
+            "When a sweep last cleaned something (0: never).", [("", {}, float(counters["lastSweep"] or 0))])
+    out.add("cni_reaper_last_failure_timestamp_seconds", "gauge",
+            "When a clean-up last failed (0: never).", [("", {}, float(counters["lastFailure"] or 0))])
+    out.add("cni_reaper_counters_since_timestamp_seconds", "gauge",
+            "When the counters started (they restart if the state directory's .metrics is lost).",
+            [("", {}, float(counters["since"]))])
 
 
 def _sweep_samples(counters: dict) -> list[tuple[str, dict, float]]:

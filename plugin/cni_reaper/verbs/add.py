@@ -30,22 +30,15 @@ def run(inv: Invocation) -> dict[str, Any]:
                  "hands it no port mappings: none recorded (dead attachments' DNAT rules are still found by "
                  "their owner tag)", fix='add "capabilities": {"portMappings": true} to cni-reaper\'s entry')
     current = current_life(inv)
-    store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
-        with store.locked():
-            if store.waited > 0.1:
-                log.info("waited for the state lock", seconds=round(store.waited, 3))
-            existing = store.load(conf.name, inv.container_id, inv.ifname)
-            record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args,
-                                   RecordSettings.of_conf(conf))
-            store.save(record)
-            if kept:
-                log.info("re-added: earlier life kept for clean-up", earlier=len(record.earlier))
-            # the new life is recorded (so its addresses are protected); now clear what dead ones left,
-            # including the DNAT of dead allocations that would shadow this attachment's host ports
-            _sweep(inv, store, current)
-    finally:
-        store.close()
+        _record(inv, current)
+    except CniError as err:  # its own bookkeeping never fails an ADD the chain accepted (a full disk, a held lock)
+        from cni_reaper.state import counters
+
+        log.error("the attachment was not recorded; the allocation goes on, and this attachment is judged later "
+                  "as one from before installation (libcni's cache, host-local's reservations)",
+                  error=err.msg, fix=err.details or "check the state directory's free space and permissions")
+        counters.unrecorded(conf.stateDir)
     if conf.portMappings:  # once the state lock is let go (the look takes it); holders is not imported here
         from cni_reaper.cni.afterwards import later
 
@@ -54,6 +47,26 @@ def run(inv: Invocation) -> dict[str, Any]:
     if not lookup(result, "cniVersion")[0]:
         result["cniVersion"] = inv.version
     return result
+
+
+def _record(inv: Invocation, current: Life) -> None:
+    """Record the new life under the state lock (its addresses are protected from then on), then sweep what
+    dead attachments left, including the DNAT of dead allocations that would shadow its host ports."""
+    conf = inv.conf
+    store = Store(conf.stateDir, conf.lockTimeout).open()
+    try:
+        with store.locked():
+            if store.waited > 0.1:
+                log.info("waited for the state lock", seconds=round(store.waited, 3))
+            existing = store.load(conf.name, inv.container_id, inv.ifname)
+            record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args,
+                                 RecordSettings.of_conf(conf))
+            store.save(record)
+            if kept:
+                log.info("re-added: earlier life kept for clean-up", earlier=len(record.earlier))
+            _sweep(inv, store, current)
+    finally:
+        store.close()
 
 
 def _sweep(inv: Invocation, store: Store, current: Life) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cni_reaper.cni.shell import Invocation
+    from cni_reaper.state.record import Life
 
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
@@ -30,6 +31,18 @@ def run(inv: Invocation) -> None:
     if current.netns_id is None:
         raise CniError(UNKNOWN_CONTAINER, f"{inv.netns} is not a network namespace",
                        "the container's network namespace is gone; the runtime should recreate the network")
+    try:
+        _adopt(inv, current)
+    except CniError as err:  # its own bookkeeping never fails a CHECK (Nomad would recreate the network)
+        log.error("CHECK could not look at or repair the record; the allocation goes on", error=err.msg,
+                  fix=err.details or "check the state directory's free space and permissions")
+    return None
+
+
+def _adopt(inv: Invocation, current: Life) -> None:
+    """The record must describe this attachment: a record of cni-reaper 0.2 gets what it lacks; a missing or
+    stale one is repaired (the earlier life kept for clean-up); then the sweep."""
+    conf = inv.conf
     settings = RecordSettings.of_conf(conf)
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
@@ -41,7 +54,7 @@ def run(inv: Invocation) -> None:
                                       inv.args or existing.cni_args, settings)
                     store.save(record)
                 verb_pass(store, conf)
-                return None
+                return
             record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
                               inv.args or (existing.cni_args if existing else {}), settings)
             store.save(record)
@@ -52,4 +65,3 @@ def run(inv: Invocation) -> None:
             verb_pass(store, conf)
     finally:
         store.close()
-    return None
