@@ -35,6 +35,20 @@ def open_regular(path: str, flags: int, mode: int = 0o600, dir_fd: int | None = 
     return fd
 
 
+def untrusted(st: os.stat_result, what: str) -> str | None:
+    """Why a file or directory cni-reaper is steered by or writes to must not be used (None: it may), as sudo
+    and systemd judge theirs: owned by another user than this process's (root's), or writable by its group or
+    by others (a directory with the sticky bit that root owns, /tmp's kind, is not taken for writable by
+    others: they cannot replace what is in it)."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{what} is owned by uid {st.st_uid}"
+    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0
+    if st.st_mode & 0o022 and not sticky:
+        whom = 'its group' if st.st_mode & 0o020 else 'others'
+        return f"{what} is writable by {whom} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
 def flock_within(fd: int, timeout: float) -> bool:
     """Take an exclusive flock on fd, waiting at most `timeout` seconds. False when it stayed held."""
     deadline = time.monotonic() + timeout

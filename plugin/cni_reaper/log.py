@@ -12,7 +12,7 @@ import sys
 import time
 
 from cni_reaper import jsonio
-from cni_reaper.files import open_regular
+from cni_reaper.files import open_regular, untrusted
 
 MAX_BYTES = 10 << 20
 
@@ -46,6 +46,13 @@ def _to_file(path: str, line: str) -> None:
     try:
         fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     except OSError:
+        return
+    why = untrusted(os.fstat(fd), f"the log file {path}")
+    if why:  # never written to: someone else could make it anything (a link into root's files was refused above)
+        os.close(fd)
+        _settings.update(file="")
+        sys.stderr.write(_line("error", "the log file is refused: it must be root's and writable by root alone",
+                               {"why": why, "fix": f"chown root {path} && chmod 0640 {path}, or set logFile to another"}))
         return
     try:
         if os.fstat(fd).st_size > MAX_BYTES:

@@ -689,3 +689,15 @@ def test_an_intent_of_batched_items_reads_as_one_of_the_items_themselves(tmp_pat
     assert [e["items"] for e in lines] == [items[:BATCH], items[BATCH:], items[:2]]
     assert all(e["t"] == "intent" and e["verb"] == "STATUS" for e in lines)
     store.close()
+
+
+def test_a_state_dir_writable_by_others_is_refused_never_tightened(tmp_path):
+    """Issue 43, item 5: anyone could have put anything in it: never used (nor made 0700), only STATUS says so."""
+    state = tmp_path / "s"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    rc, out = invoke("ADD", conf(state))
+    assert rc == 0 and out["ips"] and list(state.iterdir()) == []
+    assert stat.S_IMODE(state.stat().st_mode) == 0o777
+    rc, out = invoke("STATUS", conf(state, "1.1.0", prev=None))
+    assert rc == 1 and out["code"] == 50 and "writable by its group or others" in out["msg"]

@@ -70,10 +70,16 @@ def _read_regular(path: str) -> bytes:
     FIFO or a device there would hang every wrapped call, the fingerprint included)."""
     import stat
 
+    from cni_reaper.files import untrusted
+
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(0, "not a regular file")
+        why = untrusted(st, "it") or untrusted(os.stat(os.path.dirname(os.path.abspath(path))), "its directory")
+        if why:  # as sudo refuses a sudoers file others could have written: never followed
+            raise OSError(0, f"{why}: refused (it must be root's and writable by root alone)")
         chunks, size = [], 0
         while size <= MAX_BYTES:
             chunk = os.read(fd, MAX_BYTES + 1 - size)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.store import Store
 
 from cni_reaper import jsonio
-from cni_reaper.files import open_regular
+from cni_reaper.files import open_regular, untrusted
 
 NAME = ".journal"
 GENERATIONS = 8  # .journal.1 (the newest rotated) to .journal.8
@@ -86,7 +86,11 @@ class Journal:
         self._rotate(len(line))
         fd = open_regular(NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600, dir_fd=self.store.dir.dfd)
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            why = untrusted(st, f"{self.store.root}/{NAME}")
+            if why:  # what undo would put back must be what cni-reaper wrote
+                raise OSError(0, f"{why}: the journal is refused")
+            size = st.st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = b"\n" + line  # a line cut short by a writer that died stays a line of its own
             try:

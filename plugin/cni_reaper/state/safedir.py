@@ -42,6 +42,8 @@ def problem(path: str) -> str | None:
         return f"state directory {path} is not a directory"
     if st.st_uid != os.geteuid():
         return f"state directory {path} is owned by uid {st.st_uid}, not by uid {os.geteuid()}"
+    if st.st_mode & 0o022:
+        return f"state directory {path} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
     if not os.access(path, os.W_OK | os.X_OK):
         return f"state directory {path} is not writable"
     return None
@@ -92,6 +94,11 @@ class SafeDir:
             raise CniError(IO_FAILURE, f"state directory {self.root} is owned by uid {st.st_uid}, not by us (uid "
                            f"{os.geteuid()}); refusing to use it",
                            "chown it to root, or set stateDir to a directory of root's")
+        if st.st_mode & 0o022:  # anyone else could have put anything there: never followed
+            os.close(dfd)
+            raise CniError(IO_FAILURE, f"state directory {self.root} is writable by its group or others (mode "
+                           f"{stat.S_IMODE(st.st_mode):04o}); refusing to use it",
+                           f"chmod 0700 {self.root} once you trust what is in it, or set stateDir to a directory of root's")
         if stat.S_IMODE(st.st_mode) != MODE and not self.read_only:
             try:
                 os.fchmod(dfd, MODE)
