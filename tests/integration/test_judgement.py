@@ -160,3 +160,26 @@ def test_status_answers_at_once_while_another_process_holds_the_state_lock(sb):
     rc, _, err = sb.status()
     assert rc == 0, err
     assert sb.residue(NET, cid, ips) == []  # the lock free: the next STATUS sweeps
+
+
+def test_a_record_of_a_later_cni_reaper_is_kept_as_it_is_and_nothing_of_it_removed(sb):
+    """Issue 43, item 6 (rollback 0.5 -> 0.6 -> 0.5): a record a later cni-reaper wrote (schema 3, fields this
+    one does not know) is neither quarantined nor dropped nor rewritten; it is judged unknown and nothing it
+    holds is removed, by every verb's sweep and by the operator's sweep. Before: moved aside as *.corrupt."""
+    cid, ips = _leak(sb, "8100:80/tcp")
+
+    def later(rec):
+        rec["schema"] = 3
+        rec["fromTheFuture"] = {"x": 1}
+        rec["current"]["newEvidence"] = [1, 2, 3]
+
+    sb.edit_record(cid, later)
+    path = next(p for p in sb.state_dir().glob("r-*.json") if cid in p.read_text())
+    text = path.read_text()
+    before = sb.residue(NET, cid, ips)
+    assert sb.driver("add", unique("alloc-"), sb.container(), ("8101:80/tcp",)).returncode == 0
+    out = sb.cli("sweep", "--apply", "--orphans")
+    listing = {r["containerID"]: r for r in json.loads(sb.cli("list", "--json").stdout)}
+    assert path.read_text() == text and not list(sb.state_dir().glob("*.corrupt")), out.stdout
+    assert sb.residue(NET, cid, ips) == before
+    assert listing[cid]["state"] == "unknown" and "later cni-reaper" in listing[cid]["why"]

@@ -44,7 +44,7 @@ def test_what_a_mark_makes_of_a_judgement(path, left, tombstoned, at_once, now, 
     f.life, f.word, f.far, f.deleted = _Life(path), None, None, _Deleted() if tombstoned else None
     f.held_due = None if isinstance(left, bool) else not (not at_once and now < left)
     f.left = "left" if left is True else None
-    f.mark_why = "held"
+    f.mark_why, f.unjudged = "held", None
     assert decide_record(f).state == want
 
 

@@ -47,15 +47,16 @@ class Deleted:
 
 
 class Attachment:
-    def __init__(self, life, word, held_due, left, deleted, far) -> None:
+    def __init__(self, life, word, held_due, left, deleted, far, unjudged=None) -> None:
         self.life, self.word, self.held_due, self.left, self.deleted, self.far = life, word, held_due, left, deleted, far
-        self.mark_why = "held"
+        self.mark_why, self.unjudged = "held", unjudged
 
 
 LIVES = [Life(*c) for c in itertools.product((None, "blind"), (False, True), (False, True), SIGNS, SIGNS)]
 WORDS = (None, Verdict(DEAD, "the runtime's word"), Verdict(LIVE, "the runtime lists it"))
 DELETED = (None, *(Deleted(d, o) for d, o in itertools.product((False, True), (False, True))))
 SPACE = list(itertools.product(LIVES, WORDS, (None, False, True), (None, "left"), DELETED, (None, "far")))
+UNJUDGED = (None, "written by a later cni-reaper")
 
 
 def _sign_of_life(life: Life) -> bool:
@@ -68,6 +69,12 @@ def _host_says_dead(life: Life) -> bool:
 
 def test_the_space_is_whole():
     assert len(LIVES) == 2 * 2 * 2 * 3 * 3 and len(SPACE) == len(LIVES) * 3 * 3 * 2 * 5 * 2
+
+
+def test_a_record_this_cni_reaper_may_not_judge_is_unknown_whatever_else_is_said():
+    for life, word, held_due, left, deleted, far in SPACE:
+        v = decide_record(Attachment(life, word, held_due, left, deleted, far, UNJUDGED[1]))
+        assert v.state == UNKNOWN and v.why == UNJUDGED[1]
 
 
 def test_every_combination_keeps_the_promises():

@@ -11,7 +11,8 @@ and `veth` (Sign: what its netns path and the host side of its veth pair say: LI
 The observer may compute `path` and `veth` only when asked: the judge asks `veth` only when `path` says no
 life.
 
-A record's facts (RecordFacts): `life` (its current life's), `word` (the runtime's or the scheduler's Verdict of
+A record's facts (RecordFacts): `unjudged` (why this cni-reaper may not judge it at all: a later one wrote it;
+None: it may), `life` (its current life's), `word` (the runtime's or the scheduler's Verdict of
 it, or None), `held_due` (a held mark: None none, False its retry time has not come, True it has), `left` (the
 left-for-the-runtime mark's why, or None), `mark_why` (a mark's why), `deleted` (None: no DEL; else whether
 libcni dropped its cache entry since, `done`, and whether the DEL is long over, `over`), `far` (why its rules are
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
         def over(self) -> bool: ...
 
     class RecordFacts(Protocol):
+        @property
+        def unjudged(self) -> str | None: ...
         @property
         def life(self) -> LifeFacts: ...
         @property
@@ -111,10 +114,13 @@ def decide_tombstone(f: RecordFacts) -> Verdict:
 
 
 def decide_record(f: RecordFacts) -> Verdict:
-    """The one judgement of a recorded attachment: the runtime's or the scheduler's word when there is one;
+    """The one judgement of a recorded attachment: unknown when this cni-reaper may not judge it (a later one
+    wrote it: kept as it is, its addresses protected); the runtime's or the scheduler's word when there is one;
     else held (no look at its evidence) while a held mark's retry time has not come; else its tombstone's or its
     life's verdict, which a left mark makes LEFT when dead and not torn down. Out of this process's reach, a
     dead one is UNKNOWN."""
+    if f.unjudged is not None:
+        return Verdict(UNKNOWN, f.unjudged)
     if f.word is not None:
         v = f.word
     elif f.held_due is False:

@@ -366,11 +366,11 @@ class Deleted:
 class RecordObserved:
     """What the host and a record (or its index entry) say of an attachment (judge/life.RecordFacts)."""
 
-    __slots__ = ("deleted", "f", "far", "held_due", "left", "life", "mark_why", "word")
+    __slots__ = ("deleted", "f", "far", "held_due", "left", "life", "mark_why", "unjudged", "word")
 
     def __init__(self, f: Facts, view: View, mark: bool | float, mark_why: str = "", deleted: Deleted | None = None,
-                 word: Verdict | None = None, now: float | None = None) -> None:
-        self.f, self.life, self.word, self.deleted = f, Observed(f, view), word, deleted
+                 word: Verdict | None = None, now: float | None = None, unjudged: str | None = None) -> None:
+        self.f, self.life, self.word, self.deleted, self.unjudged = f, Observed(f, view), word, deleted, unjudged
         self.held_due = None if isinstance(mark, bool) else not held_now(mark, view, now)
         self.left = (mark_why or "left for the runtime's DEL or GC") if mark is True else None
         self.mark_why = mark_why or "held: looked at again later"
@@ -378,9 +378,9 @@ class RecordObserved:
 
 
 def judge_attachment(f: Facts, view: View, mark: bool | float, mark_why: str = "", deleted: Deleted | None = None,
-                     word: Verdict | None = None, now: float | None = None) -> Verdict:
+                     word: Verdict | None = None, now: float | None = None, unjudged: str | None = None) -> Verdict:
     """The one judgement of a recorded attachment (judge/life.decide_record), a record's or an index entry's."""
-    return decide_record(RecordObserved(f, view, mark, mark_why, deleted, word, now))
+    return decide_record(RecordObserved(f, view, mark, mark_why, deleted, word, now, unjudged))
 
 
 class CachedObserved:

@@ -30,7 +30,7 @@ from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
 from cni_reaper.judge.verdict import DEAD, DONE, HOLDING, LIVE, SWEEPABLE, UNKNOWN, WAIT, Verdict
 from cni_reaper.reap import cache, probes
 from cni_reaper.reap.evidence import Deleted, Facts, View, judge_attachment, judge_life, live_at_path
-from cni_reaper.state.record import RecordSettings, ips, parse_time
+from cni_reaper.state.record import SCHEMA, RecordSettings, ips, parse_time
 
 
 def settings_of(record: Record, confs: dict[str, Any]) -> RecordSettings | None:
@@ -55,7 +55,9 @@ def judge_record(record: Record, view: View, cache_dir: str, word: Verdict | Non
         _deleted(parse_time(dead.at), dead.cached, cache_dir, record.key)
     why = "" if mark is None else \
         mark.why + (f" (looked at again after {mark.retry_at})" if mark.retry_at is not None else "")
-    return judge_attachment(Facts.of_life(record.current), view, record.left_mark, why, deleted, word)
+    later = (f"written by a later cni-reaper (schema {record.schema}): kept as it is, never judged, cleaned or "
+             "dropped by this one") if record.schema > SCHEMA else None
+    return judge_attachment(Facts.of_life(record.current), view, record.left_mark, why, deleted, word, unjudged=later)
 
 
 def judge_entry(e: Entry, view: View, cache_dir: str) -> str:

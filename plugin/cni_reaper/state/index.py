@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import jsonio, log
 from cni_reaper.state.names import all_record_names, is_record_name, others_in
-from cni_reaper.state.record import DirId, HostId, NetnsId, Veth, parse_time
+from cni_reaper.state.record import SCHEMA, DirId, HostId, NetnsId, Veth, parse_time
 from cni_reaper.values import Key
 
 INDEX_NAME = ".index"
@@ -407,7 +407,7 @@ class Entry:
                    parse_time(dead.at) if dead is not None else None,
                    dead.cached if dead is not None else None, dead.verify if dead is not None else False,
                    bool(record.earlier), sorted(ip.address for ip in cur.ips),
-                   s.cache_dir if s else None, record.left_mark)
+                   s.cache_dir if s else None, True if record.schema > SCHEMA else record.left_mark)
 
     def to_list(self) -> list[Any]:
         """Its fields as JSON holds them (a journal line), in FIELDS' order."""

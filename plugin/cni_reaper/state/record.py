@@ -491,6 +491,42 @@ def key_of(data: dict[str, Any]) -> Key:
     return Key(data["network"], data["containerID"], data["ifname"])
 
 
+def later_schema(data: Any) -> int | None:
+    """The schema of a record document a later cni-reaper wrote (None: not one)."""
+    schema = data.get("schema") if isinstance(data, dict) else None
+    return schema if isinstance(schema, int) and _is_int(schema) and schema > SCHEMA else None
+
+
+def of_later(data: dict[str, Any]) -> Record | None:
+    """What this cni-reaper can tell of a record a later one wrote (a rollback: 0.5 -> 0.6 -> 0.5): its key and
+    the addresses of its lives, never more (None: not even that). It is kept as it is on disk, judged unknown
+    (its addresses protected), and never rewritten, cleaned or dropped here (judge/life.py: `unjudged`)."""
+    named = (data.get(n) for n in ("network", "containerID", "ifname"))
+    key = [k for k in named if isinstance(k, str) and 0 < len(k) <= MAX_TEXT]
+    if len(key) != 3:
+        return None
+    earlier = data.get("earlier")
+    lives = [data.get("current"), *(earlier if isinstance(earlier, list) else [])][:1 + MAX_EARLIER]
+    current = _later_life(lives[0]) or Life("", None, None, None, None, (), (), iso_now())
+    return Record(key[0], key[1], key[2], current, tuple(filter(None, map(_later_life, lives[1:]))), {}, None,
+                  schema=data["schema"])
+
+
+def _later_life(v: Any) -> Life | None:
+    if not isinstance(v, dict):
+        return None
+    ips = []
+    listed = v.get("ips")
+    for ip in (listed if isinstance(listed, list) else [])[:MAX_IPS]:
+        address = ip.get("address") if isinstance(ip, dict) else None
+        if isinstance(address, str) and 0 < len(address) <= 64:
+            family = 6 if ":" in address else 4
+            ips.append(RecordedIP(address, 128 if family == 6 else 32, family))
+    netns, created = v.get("netns"), v.get("createdAt")
+    return Life(netns[:MAX_TEXT] if isinstance(netns, str) else "", None, None, None, None, tuple(ips), (),
+                created if isinstance(created, str) else iso_now())
+
+
 def written_as_read(data: dict[str, Any]) -> bool:
     """Whether a document problem() accepted is written back as it is (of this schema: not upgraded)."""
     return bool(data["schema"] == SCHEMA)

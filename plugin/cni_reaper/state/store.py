@@ -21,7 +21,7 @@ from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from cni_reaper.files import flock_within, holding
 from cni_reaper.state.index import Entry, Index
 from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
-from cni_reaper.state.record import key_of, of_document, problem, written_as_read
+from cni_reaper.state.record import key_of, later_schema, of_document, problem, written_as_read
 from cni_reaper.state.safedir import SafeDir
 from cni_reaper.values import Key
 
@@ -70,6 +70,8 @@ class Store:
         except (ValueError, RecursionError, UnicodeDecodeError) as exc:
             self._quarantine(name, f"does not parse: {str(exc)[:200]}")
             return None
+        if later_schema(record) is not None:  # a rollback: kept as it is, judged unknown, never rewritten here
+            return _later(record, name)
         why = problem(record)
         if why is None and (record_name(*key_of(record)) != name or (expect is not None and key_of(record) != expect)):
             why = "holds another attachment's key"
@@ -190,6 +192,18 @@ class Store:
 
 
 _last_index: Index | None = None
+
+
+def _later(doc: dict[str, Any], name: str) -> Record | None:
+    """A record of a later cni-reaper's schema (record.of_later), named by its own key; else None (it stays
+    on disk as it is, unread)."""
+    from cni_reaper.state.record import of_later
+
+    record = of_later(doc)
+    if record is None or record_name(*record.key) != name:
+        log.warn("a record of a later cni-reaper cannot be read; left as it is", record=name, schema=later_schema(doc))
+        return None
+    return record
 
 
 class _Locked:
