@@ -47,20 +47,27 @@ local arch=$1 bundle=$2 name="cni-reaper-$version-linux-$1" root
 # the wrapper directory (wrap mode, for Nomad's own bridge network): a link portmap to cni-reaper, inert until
 # the operator puts the directory first in the client's cni_path
 mkdir -p "$bundle/wrap" && ln -sfn ../cni-reaper "$bundle/wrap/portmap"
+# the alerts and the dashboard beside it (monitoring/: a directory, which Nomad's fingerprint passes over)
+mkdir -p "$bundle/monitoring" && cp build/monitoring/cni-reaper.rules.yml build/monitoring/cni-reaper.rules.test.yml \
+  build/monitoring/cni-reaper-dashboard.json "$bundle/monitoring/"
 # the tarball
 stamp "$bundle"
-tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$bundle" -cf - cni-reaper cni-reaper.lib wrap \
+tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$bundle" -cf - cni-reaper cni-reaper.lib wrap monitoring \
   | gzip -n -9 > "$out/$name.tgz"
 (cd "$out" && sha256sum "$name.tgz" > "$name.tgz.sha256")
 
 # the Debian package
 root=$(mktemp -d) && chmod 0755 "$root"
 mkdir -p "$root/DEBIAN" "$root/usr/lib/cni-reaper" "$root/usr/share/cni-reaper/conflist/1.1.0" \
-  "$root/usr/share/cni-reaper/nomad" "$root/usr/share/doc/cni-reaper" "$root/lib/systemd/system"
+  "$root/usr/share/cni-reaper/nomad" "$root/usr/share/cni-reaper/prometheus" "$root/usr/share/cni-reaper/grafana" \
+  "$root/usr/share/doc/cni-reaper" "$root/lib/systemd/system"
 cp -a "$bundle/cni-reaper" "$bundle/cni-reaper.lib" "$bundle/wrap" "$root/usr/lib/cni-reaper/"
 install -m 0644 conflist/*.conflist "$root/usr/share/cni-reaper/conflist/"
 install -m 0644 conflist/1.1.0/*.conflist "$root/usr/share/cni-reaper/conflist/1.1.0/"
 install -m 0644 conflist/nomad/*.hcl "$root/usr/share/cni-reaper/nomad/"
+# a fleet's alerts (with their promtool tests) and dashboard (README, "Watching a fleet")
+install -m 0644 build/monitoring/cni-reaper.rules.yml build/monitoring/cni-reaper.rules.test.yml "$root/usr/share/cni-reaper/prometheus/"
+install -m 0644 build/monitoring/cni-reaper-dashboard.json "$root/usr/share/cni-reaper/grafana/"
 # the periodic sweep: shipped, never enabled by the package (README, "A periodic sweep")
 install -m 0644 conflist/systemd/cni-reaper-sweep.service conflist/systemd/cni-reaper-sweep.timer "$root/lib/systemd/system/"
 install -m 0644 README.md "$root/usr/share/doc/cni-reaper/README.md"

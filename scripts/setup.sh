@@ -39,5 +39,14 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check '.[build,test]' 2>&1 | grep -v -e '^WARNING: Location' -e 'Running pip as' || true
-.venv/bin/python -c 'import cni_reaper, pydantic, pyroute2, PyInstaller' 
+.venv/bin/python -c 'import cni_reaper, pydantic, pyroute2, PyInstaller'
+# promtool, to test the shipped alerts (tests/unit/test_monitoring.py): Debian's, taken out of its package
+# (installing the package would start a Prometheus server), into the virtualenv
+if [ ! -x .venv/bin/promtool ]; then
+  fetched=$(mktemp -d)
+  (cd "$fetched" && { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; })
+  dpkg-deb --fsys-tarfile "$fetched"/prometheus_*.deb | tar -xO ./usr/bin/promtool > .venv/bin/promtool.new
+  chmod 0755 .venv/bin/promtool.new && mv .venv/bin/promtool.new .venv/bin/promtool && rm -r "$fetched"
+fi
+
 echo "setup.sh: ready ($(.venv/bin/python --version), cni-reaper $(.venv/bin/python -c 'import cni_reaper; print(cni_reaper.__version__)'))"

@@ -77,7 +77,9 @@ def test_the_tarball_holds_the_bundle_as_the_reference_plugins_lay_theirs_out(re
     with tarfile.open(release["tgz"]) as tar:
         names = tar.getnames()
         top = {n.split("/")[0] for n in names}
-        assert top == {"cni-reaper", "cni-reaper.lib", "wrap"}
+        assert top == {"cni-reaper", "cni-reaper.lib", "wrap", "monitoring"}
+        rules = tar.extractfile(tar.getmember("monitoring/cni-reaper.rules.yml")).read()  # a fleet's alerts, as built
+        assert rules == (REPO / "build" / "monitoring" / "cni-reaper.rules.yml").read_bytes()
         link = tar.getmember("wrap/portmap")  # wrap mode's directory, inert until it is put on cni_path
         assert link.issym() and link.linkname == "../cni-reaper"
         exe = tar.getmember("cni-reaper")
@@ -309,6 +311,8 @@ def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bulls
               f"{before}dpkg -i /tmp/pkg.deb >/dev/null; "
               f"test -L /opt/cni/bin/cni-reaper; CNI_COMMAND=VERSION /opt/cni/bin/cni-reaper >/dev/null; "
               f"ls /usr/share/cni-reaper/conflist/1.1.0/nomad-reaper.conflist /usr/share/cni-reaper/nomad/client.hcl; "
+              f"cmp /usr/share/cni-reaper/prometheus/cni-reaper.rules.yml /tmp/shipped.rules; "
+              f"test -s /usr/share/cni-reaper/grafana/cni-reaper-dashboard.json; "
               f"cmp /lib/systemd/system/cni-reaper-sweep.timer /tmp/shipped.timer; "
               f"cmp /lib/systemd/system/cni-reaper-sweep.service /tmp/shipped.service; "
               f"! ls /etc/systemd/system/*.wants/cni-reaper-sweep.* 2>/dev/null; "  # installed, not enabled
@@ -322,7 +326,8 @@ def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bulls
               f"mkdir -p /var/lib/cni/reaper && echo x > /var/lib/cni/reaper/r-0.json && echo x > /var/log/cni-reaper.log; "
               f"dpkg -r cni-reaper >/dev/null; rm /tmp/pkg.deb /tmp/shipped.*; "
               f"[ -n \\\"\\$had\\\" ] || rmdir {wants}\"")  # fails if the link was left
-    script = (f'cp {REPO}/conflist/systemd/cni-reaper-sweep.timer "$ROOT/tmp/shipped.timer" && '
+    script = (f'cp {REPO}/build/monitoring/cni-reaper.rules.yml "$ROOT/tmp/shipped.rules" && '
+              f'cp {REPO}/conflist/systemd/cni-reaper-sweep.timer "$ROOT/tmp/shipped.timer" && '
               f'cp {REPO}/conflist/systemd/cni-reaper-sweep.service "$ROOT/tmp/shipped.service" && {script}')
     proc = debian11.in_overlay(bullseye, tmp_path / "ovl", script, arch=arch)
     assert proc.returncode == 0, proc.stdout + proc.stderr

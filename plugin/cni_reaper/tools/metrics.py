@@ -108,6 +108,10 @@ def _cleanup_families(out: _Families, counters: dict, shown: list[str]) -> None:
             "On Nomad's word (sweep --nomad): attachments whose leftovers were removed because the local agent "
             "says their allocation is over, and network namespaces Nomad left that were removed.",
             _by_kind(counters.get("schedulersWord", {}), shown, ("attachments", "namespaces")))
+    out.add("cni_reaper_schedulers_word_unavailable_total", "counter",
+            "Sweeps with --nomad (sweep --apply) whose word of the local Nomad agent could not be had whole (the "
+            "agent not reached or refusing, an answer that proves nothing): nothing was removed on its word.",
+            [("", {}, counters.get("schedulersWord", {}).get("", {}).get("unavailable", 0))])
     out.add("cni_reaper_cleanup_failures_total", "counter",
             "Clean-ups of an attachment that left something behind (its record is kept and retried).",
             [("", {"network": n}, counters["failures"].get(n, 0)) for n in shown])
