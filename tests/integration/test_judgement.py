@@ -183,3 +183,54 @@ def test_a_record_of_a_later_cni_reaper_is_kept_as_it_is_and_nothing_of_it_remov
     assert path.read_text() == text and not list(sb.state_dir().glob("*.corrupt")), out.stdout
     assert sb.residue(NET, cid, ips) == before
     assert listing[cid]["state"] == "unknown" and "later cni-reaper" in listing[cid]["why"]
+
+
+SERVE_ON_HOST = ("import socket,sys;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                 "s.bind(('0.0.0.0',int(sys.argv[1])));s.listen(8);s.settimeout(60)\n"
+                 "while True:\n c,_=s.accept();c.sendall(b'host-task');c.close()")
+
+
+@pytest.mark.parametrize("holder", ["host-socket", "docker-dnat"])
+def test_undo_puts_back_no_dnat_over_a_live_holder_that_is_not_cni_reapers(sb, holder):
+    """Case 3: dead A (host port P) is swept; then a live task serves P that cni-reaper did not make: a Nomad
+    host-network task listening on P on the host, or a Docker-published port (a DNAT in nat's DOCKER chain to
+    a live namespace). `undo A` puts back none of A's DNAT, says why, and a connection to P still reaches the
+    live holder. Before: A's DNAT came back and every connection to P timed out."""
+    import sys
+
+    port = 8102
+    cid, ips = _leak(sb, f"{port}:80/tcp")
+    assert sb.cli("sweep", "--apply").returncode == 0 and sb.residue(NET, cid, ips) == []
+    server = None
+    if holder == "host-socket":
+        server = sb.popen([sys.executable, "-c", SERVE_ON_HOST, str(port)], quiet=True)
+        reply = "host-task"
+    else:
+        live = sb.container()
+        sb.run(["ip", "link", "add", "dk0", "type", "veth", "peer", "name", "dk1", "netns", live.rsplit("/", 1)[1]],
+               check=True)
+        sb.run(["sh", "-ec", "ip addr add 172.31.9.1/24 dev dk0 && ip link set dk0 up"], check=True)
+        ns = ["ip", "netns", "exec", live.rsplit("/", 1)[1]]
+        import subprocess
+
+        subprocess.run([*ns, "sh", "-ec", "ip addr add 172.31.9.2/24 dev dk1 && ip link set dk1 up && ip link set lo up && "
+                        "ip route add default via 172.31.9.1"],
+                       check=True)
+        for rule in (["-t", "nat", "-N", "DOCKER"], ["-t", "nat", "-A", "OUTPUT", "-j", "DOCKER"],
+                     ["-t", "nat", "-A", "DOCKER", "-p", "tcp", "--dport", str(port), "-j", "DNAT",
+                      "--to-destination", "172.31.9.2:80"]):
+            sb.run(["iptables", *rule], check=True)
+        reply = "docker-task"
+    try:
+        served = sb.serve(live, 80, reply) if holder == "docker-dnat" else None
+        undo = sb.cli("undo", cid)
+        assert undo.returncode == 4, undo.stdout + undo.stderr  # refused something
+        assert "held by" in undo.stdout + undo.stderr, undo.stdout
+        assert not [line for line in sb.residue(NET, cid, ips) if "DNAT" in line or "CNI-DN-" in line]
+        assert sb.connect("172.26.64.1", port) == reply
+        if served is not None:
+            served.kill()
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()

@@ -139,13 +139,14 @@ def _native_port_values(right: Any) -> list[int]:
 
 # -- who maps a host port now -----------------------------------------------------------------------------
 class Mapping(Value):
-    """One host port a DNAT rule maps now, and the attachment its tag names: container ID ("" when no tag
-    names one), network ("" when the rule does not say: portmap's native rules name only the container)."""
+    """One host port held now: a DNAT rule that maps it and the attachment its tag names (container ID, "" when
+    no tag names one; network, "" when the rule does not say: portmap's native rules name only the container),
+    or another holder (`by`: what holds it when it is no CNI attachment's: another chain's DNAT, a socket)."""
 
-    __slots__ = ("container_id", "network", "port")
+    __slots__ = ("by", "container_id", "network", "port")
 
-    def __init__(self, port: HostPort, container_id: str, network: str = "") -> None:
-        self.port, self.container_id, self.network = port, container_id, network
+    def __init__(self, port: HostPort, container_id: str, network: str = "", by: str = "") -> None:
+        self.port, self.container_id, self.network, self.by = port, container_id, network, by
 
 
 class PortMap:
@@ -157,13 +158,23 @@ class PortMap:
         self.mapped: list[Mapping] = []
         self.blind: list[str] = []
 
-    def add_iptables(self, tables: dict[str, Table]) -> None:
+    def add_iptables(self, tables: dict[str, Table], others: bool = False) -> None:
+        """The hostport DNAT chain's mappings; with `others`, also every other nat chain's that holds a host
+        port and is no plugin's (Docker's DOCKER, kube-proxy's KUBE-NODEPORTS, an operator's DNAT or REDIRECT)."""
         from cni_reaper.reap.netfilter.iptables.plan import parse_tag
 
         nat = tables.get("nat")
         for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []) if nat is not None else []:
             tag = parse_tag(r.comment or "")
             self.mapped += [Mapping(p, tag[2] if tag else "", (tag[1] or "") if tag else "") for p in rule_ports(r)]
+        for chain, rules in nat.chains.items() if nat is not None and others else ():
+            if not chain.startswith("CNI-"):  # the plugins' own chains are reached through the tagged jumps above
+                self.mapped += [Mapping(p, "", by=f"a rule of nat {chain}") for r in rules if _holds_port(r)
+                                for p in rule_ports(r)]
+
+    def add_sockets(self, sockets: list[HostPort]) -> None:
+        """Sockets of this network namespace that hold a host port (listening TCP, bound UDP)."""
+        self.mapped += [Mapping(p, "", by="a socket listening on the host") for p in sockets]
 
     def add_native(self, rules: list[NativeRule]) -> None:
         from cni_reaper.reap.netfilter.nftables.rules import DNAT_CHAINS, HOSTPORT_TABLES
@@ -179,7 +190,8 @@ class PortMap:
             return f"who maps host ports now is not known ({self.blind[0]})"
         for p in sorted(ports, key=str):
             for m in self.others(p, cid):
-                return f"host port {p.port}/{p.proto or m.port.proto or 'any'} is mapped by another allocation now"
+                held = f"host port {p.port}/{p.proto or m.port.proto or 'any'}"
+                return f"{held} is held by {m.by} now" if m.by else f"{held} is mapped by another allocation now"
         return None
 
     def doubled(self) -> dict[str, set[str]]:
@@ -211,14 +223,55 @@ def port_map() -> PortMap:
             if flavour.which(f"{'ip6' if family == 6 else 'ip'}tables-{name}-save") is None:
                 continue  # no such tool here: no such tables
             try:
-                pm.add_iptables(backend.read(family))
+                pm.add_iptables(backend.read(family), others=True)
             except BackendError as exc:
                 pm.blind.append(f"ipv{family} iptables-{name}: {exc}")
     try:
         pm.add_native(NftBackend().read())
     except BackendError as exc:
         pm.blind.append(f"native tables: {exc}")
+    try:
+        pm.add_sockets(listening())
+    except OSError as exc:
+        pm.blind.append(f"the host's sockets: {exc.strerror}")
     return pm
+
+
+# /proc/net/<file>: the protocol, and the socket states that hold a port (TCP: LISTEN; UDP: any bound socket)
+_SOCKET_FILES = (("tcp", "tcp", {"0A"}), ("tcp6", "tcp", {"0A"}), ("udp", "udp", None), ("udp6", "udp", None))
+
+
+def listening() -> list[HostPort]:
+    """The host ports sockets of this process's network namespace hold: TCP sockets listening, UDP sockets
+    bound (a task of the host network serving the port, another runtime's proxy). OSError: /proc not there."""
+    out = []
+    for name, proto, states in _SOCKET_FILES:
+        try:
+            with open(f"/proc/net/{name}") as f:
+                lines = f.read().splitlines()[1:]
+        except FileNotFoundError:  # no such family here (IPv6 off)
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and (states is None or fields[3] in states):
+                local_ip, _, port = fields[1].rpartition(":")
+                host_ip = "" if set(local_ip) == {"0"} else _proc_address(local_ip)
+                out.append(HostPort(proto, int(port, 16), host_ip))
+    return out
+
+
+def _proc_address(hexed: str) -> str:
+    """The address /proc/net prints as host-order 32-bit words in hex."""
+    import socket
+
+    raw = b"".join(int(hexed[i:i + 8], 16).to_bytes(4, "little") for i in range(0, len(hexed), 8))
+    return socket.inet_ntop(socket.AF_INET6 if len(raw) == 16 else socket.AF_INET, raw)
+
+
+def _holds_port(rule: Rule) -> bool:
+    """A nat rule that gives a host port to someone: a DNAT or REDIRECT matching a destination port, or
+    kube-proxy's jump of a node port to its service."""
+    return rule.target in ("DNAT", "REDIRECT") or rule.chain == "KUBE-NODEPORTS"
 
 
 # how long an ADD waits for the hostport tables to be read: one that hangs (a stuck nft, a lock) leaves who else
