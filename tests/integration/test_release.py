@@ -23,6 +23,7 @@ from testkit.sandbox import REPO, open_sandbox, sh, unique
 
 pytestmark = pytest.mark.netns
 DIST = REPO / "dist"
+MONITORING = REPO / "build" / "monitoring"
 MAX_GLIBC = (2, 28)  # RHEL 8 and its clones
 ARCHES = ("amd64", "arm64")
 E_MACHINE = {"amd64": 62, "arm64": 183}  # EM_X86_64, EM_AARCH64
@@ -77,7 +78,10 @@ def test_the_tarball_holds_the_bundle_as_the_reference_plugins_lay_theirs_out(re
     with tarfile.open(release["tgz"]) as tar:
         names = tar.getnames()
         top = {n.split("/")[0] for n in names}
-        assert top == {"cni-reaper", "cni-reaper.lib", "wrap"}
+        assert top == {"cni-reaper", "cni-reaper.lib", "wrap", "monitoring"}
+        for shipped in MONITORING.iterdir():  # the Prometheus rules, their tests, the Grafana dashboard
+            member = tar.getmember(f"monitoring/{shipped.name}")
+            assert member.mode == 0o644 and tar.extractfile(member).read() == shipped.read_bytes()
         link = tar.getmember("wrap/portmap")  # wrap mode's directory, inert until it is put on cni_path
         assert link.issym() and link.linkname == "../cni-reaper"
         exe = tar.getmember("cni-reaper")
@@ -311,6 +315,8 @@ def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bulls
               f"ls /usr/share/cni-reaper/conflist/1.1.0/nomad-reaper.conflist /usr/share/cni-reaper/nomad/client.hcl; "
               f"cmp /lib/systemd/system/cni-reaper-sweep.timer /tmp/shipped.timer; "
               f"cmp /lib/systemd/system/cni-reaper-sweep.service /tmp/shipped.service; "
+              f"cmp -s /usr/share/cni-reaper/monitoring/cni-reaper.rules.yml /tmp/shipped.rules; "
+              f"cmp -s /usr/share/cni-reaper/monitoring/cni-reaper-dashboard.json /tmp/shipped.dashboard; "
               f"! ls /etc/systemd/system/*.wants/cni-reaper-sweep.* 2>/dev/null; "  # installed, not enabled
               f"test \\\"\\$(readlink -f /usr/lib/cni-reaper/wrap/portmap)\\\" = /usr/lib/cni-reaper/cni-reaper; "
               # removal refused while a Nomad client's cni_path names the wrapper directory
@@ -323,7 +329,9 @@ def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bulls
               f"dpkg -r cni-reaper >/dev/null; rm /tmp/pkg.deb /tmp/shipped.*; "
               f"[ -n \\\"\\$had\\\" ] || rmdir {wants}\"")  # fails if the link was left
     script = (f'cp {REPO}/conflist/systemd/cni-reaper-sweep.timer "$ROOT/tmp/shipped.timer" && '
-              f'cp {REPO}/conflist/systemd/cni-reaper-sweep.service "$ROOT/tmp/shipped.service" && {script}')
+              f'cp {REPO}/conflist/systemd/cni-reaper-sweep.service "$ROOT/tmp/shipped.service" && '
+              f'cp {MONITORING}/cni-reaper.rules.yml "$ROOT/tmp/shipped.rules" && '
+              f'cp {MONITORING}/cni-reaper-dashboard.json "$ROOT/tmp/shipped.dashboard" && {script}')
     proc = debian11.in_overlay(bullseye, tmp_path / "ovl", script, arch=arch)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     upper = tmp_path / "ovl" / "upper"

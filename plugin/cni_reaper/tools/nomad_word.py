@@ -123,6 +123,7 @@ def verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool
     said = Said()
     if asked is None:
         return said
+    _count_asked(asked.word, apply, store)
     remove = apply and store is not None and _removing(args)
     over = [(r, why) for r, why in ((r, _says(asked.word, r)) for r in records) if why is not None]
     occupancy = asked.occupancy
@@ -134,6 +135,15 @@ def verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool
         if verdict is not None:
             said.verdicts[r.key] = verdict
     return said
+
+
+def _count_asked(word: Word, apply: bool, store: Any) -> None:
+    """Note in the state directory's metrics whether a sweep that applies had the whole word (the alert on a
+    word that stays unavailable, build/monitoring)."""
+    if apply and store is not None:
+        from cni_reaper.state import counters
+
+        counters.word_asked(store, not word.problems, word.asked_at)
 
 
 def _removing(args: Any) -> bool:
