@@ -57,8 +57,9 @@ Description: chained CNI plugin that removes what dead container networks leave 
  removes the netfilter rules, host-local IP reservations and conntrack entries of
  attachments whose network namespace is gone. Self-contained: needs no Python.
  The plugin is /opt/cni/bin/cni-reaper; conflists, Nomad examples, Prometheus
- rules and a Grafana dashboard are in /usr/share/cni-reaper. cni-reaper-sweep.timer (not enabled) sweeps every 5 minutes
- once enabled. Records (/var/lib/cni/reaper) and logs stay when it is removed.
+ rules and a Grafana dashboard are in /usr/share/cni-reaper. cni-reaper-sweep.timer
+ (not enabled) sweeps every 5 minutes once enabled. Records (/var/lib/cni/reaper)
+ and logs stay when it is removed.
 CONTROL
 # /opt/cni/bin/cni-reaper is made by the maintainer scripts, not shipped: dpkg removes the directories a
 # package shipped when they are empty on removal, and /opt belongs to no package (base-files makes it), so a
@@ -120,4 +121,4 @@ chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
 stamp "$root"
 SOURCE_DATE_EPOCH=$epoch dpkg-deb --root-owner-group -Zxz --build "$root" "$out/cni-reaper_${version}_$arch.deb" >/dev/null
 rm -rf "$root"
-echo "release.sh: $out/$name.tgz ($(cut -d' ' -f1 "$out/$name.tgz.sha256")), $out/cni-reaper_${version}_$arch.deb ($(sha256sum < "$out/cni-reaper_${version}_$arch.deb" | cut -d' ' -f1))"
+echo "package.sh: $out/$name.tgz ($(cut -d' ' -f1 "$out/$name.tgz.sha256")), $out/cni-reaper_${version}_$arch.deb ($(sha256sum < "$out/cni-reaper_${version}_$arch.deb" | cut -d' ' -f1))"
