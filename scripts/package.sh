@@ -20,7 +20,7 @@ stamp() { find "$1" -exec touch -h -d "@$epoch" {} +; }
 mkdir -p "$bundle/wrap" && ln -sfn ../cni-reaper "$bundle/wrap/portmap"
 # the Prometheus rules (and their promtool tests) and the Grafana dashboard (docs/reference.md, "Alerts and a
 # dashboard"): plain files in monitoring/, nothing Nomad's fingerprinting of cni_path runs
-rm -rf "$bundle/monitoring" && mkdir "$bundle/monitoring"
+rm -rf "$bundle/monitoring" && mkdir -m 0755 "$bundle/monitoring"
 install -m 0644 "${MONITORING[@]}" "$bundle/monitoring/"
 # the tarball
 stamp "$bundle"
