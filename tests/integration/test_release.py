@@ -23,6 +23,7 @@ from testkit.sandbox import REPO, open_sandbox, sh, unique
 
 pytestmark = pytest.mark.netns
 DIST = REPO / "dist"
+MONITORING = REPO / "build" / "monitoring"
 MAX_GLIBC = (2, 28)  # RHEL 8 and its clones
 ARCHES = ("amd64", "arm64")
 E_MACHINE = {"amd64": 62, "arm64": 183}  # EM_X86_64, EM_AARCH64
@@ -78,8 +79,9 @@ def test_the_tarball_holds_the_bundle_as_the_reference_plugins_lay_theirs_out(re
         names = tar.getnames()
         top = {n.split("/")[0] for n in names}
         assert top == {"cni-reaper", "cni-reaper.lib", "wrap", "monitoring"}
-        rules = tar.extractfile(tar.getmember("monitoring/cni-reaper.rules.yml")).read()  # a fleet's alerts, as built
-        assert rules == (REPO / "build" / "monitoring" / "cni-reaper.rules.yml").read_bytes()
+        for shipped in MONITORING.iterdir():  # the Prometheus rules, their tests, the Grafana dashboard
+            member = tar.getmember(f"monitoring/{shipped.name}")
+            assert member.mode == 0o644 and tar.extractfile(member).read() == shipped.read_bytes()
         link = tar.getmember("wrap/portmap")  # wrap mode's directory, inert until it is put on cni_path
         assert link.issym() and link.linkname == "../cni-reaper"
         exe = tar.getmember("cni-reaper")
@@ -311,10 +313,10 @@ def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bulls
               f"{before}dpkg -i /tmp/pkg.deb >/dev/null; "
               f"test -L /opt/cni/bin/cni-reaper; CNI_COMMAND=VERSION /opt/cni/bin/cni-reaper >/dev/null; "
               f"ls /usr/share/cni-reaper/conflist/1.1.0/nomad-reaper.conflist /usr/share/cni-reaper/nomad/client.hcl; "
-              f"cmp /usr/share/cni-reaper/prometheus/cni-reaper.rules.yml /tmp/shipped.rules; "
-              f"test -s /usr/share/cni-reaper/grafana/cni-reaper-dashboard.json; "
               f"cmp /lib/systemd/system/cni-reaper-sweep.timer /tmp/shipped.timer; "
               f"cmp /lib/systemd/system/cni-reaper-sweep.service /tmp/shipped.service; "
+              f"cmp -s /usr/share/cni-reaper/monitoring/cni-reaper.rules.yml /tmp/shipped.rules; "
+              f"cmp -s /usr/share/cni-reaper/monitoring/cni-reaper-dashboard.json /tmp/shipped.dashboard; "
               f"! ls /etc/systemd/system/*.wants/cni-reaper-sweep.* 2>/dev/null; "  # installed, not enabled
               f"test \\\"\\$(readlink -f /usr/lib/cni-reaper/wrap/portmap)\\\" = /usr/lib/cni-reaper/cni-reaper; "
               # removal refused while a Nomad client's cni_path names the wrapper directory
@@ -326,9 +328,10 @@ def test_the_deb_installs_and_removes_exactly_its_files(tmp_path, release, bulls
               f"mkdir -p /var/lib/cni/reaper && echo x > /var/lib/cni/reaper/r-0.json && echo x > /var/log/cni-reaper.log; "
               f"dpkg -r cni-reaper >/dev/null; rm /tmp/pkg.deb /tmp/shipped.*; "
               f"[ -n \\\"\\$had\\\" ] || rmdir {wants}\"")  # fails if the link was left
-    script = (f'cp {REPO}/build/monitoring/cni-reaper.rules.yml "$ROOT/tmp/shipped.rules" && '
-              f'cp {REPO}/conflist/systemd/cni-reaper-sweep.timer "$ROOT/tmp/shipped.timer" && '
-              f'cp {REPO}/conflist/systemd/cni-reaper-sweep.service "$ROOT/tmp/shipped.service" && {script}')
+    script = (f'cp {REPO}/conflist/systemd/cni-reaper-sweep.timer "$ROOT/tmp/shipped.timer" && '
+              f'cp {REPO}/conflist/systemd/cni-reaper-sweep.service "$ROOT/tmp/shipped.service" && '
+              f'cp {MONITORING}/cni-reaper.rules.yml "$ROOT/tmp/shipped.rules" && '
+              f'cp {MONITORING}/cni-reaper-dashboard.json "$ROOT/tmp/shipped.dashboard" && {script}')
     proc = debian11.in_overlay(bullseye, tmp_path / "ovl", script, arch=arch)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     upper = tmp_path / "ovl" / "upper"

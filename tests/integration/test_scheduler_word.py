@@ -89,6 +89,8 @@ def test_an_allocation_over_by_the_agents_word_loses_its_rules_then_its_namespac
     assert "cannot be put back" in undo.stdout + undo.stderr, undo.stdout + undo.stderr
     metrics = sb.cli("metrics").stdout
     assert f'cni_reaper_schedulers_word_total{{network="{NET}",kind="attachments"}} 1' in metrics, metrics
+    assert "cni_reaper_schedulers_word_unavailable_timestamp_seconds 0.0\n" in metrics, metrics
+    assert "cni_reaper_schedulers_word_answered_timestamp_seconds 0.0\n" not in metrics, metrics
     assert f'cni_reaper_schedulers_word_total{{network="{NET}",kind="namespaces"}} 1' in metrics, metrics
 
 
@@ -224,6 +226,10 @@ def test_an_answer_short_of_proof_removes_nothing_and_says_why(sb, agent, failur
     assert out.returncode == 6 and "Nomad: " in out.stderr, out.stdout + out.stderr
     assert sb.snapshot(NET, done, done_ips) == before
     assert sb.residue(NET, gone, gone_ips) == []
+    # the word unavailable, for the shipped alert (build/monitoring): its time, and never an answer
+    metrics = sb.cli("metrics").stdout
+    assert "cni_reaper_schedulers_word_answered_timestamp_seconds 0.0\n" in metrics, metrics
+    assert "cni_reaper_schedulers_word_unavailable_timestamp_seconds 0.0\n" not in metrics, metrics
 
 
 def test_a_static_ipam_attachment_left_for_the_runtime_is_cleaned_on_the_schedulers_word(sb, agent):

@@ -56,7 +56,9 @@ def test_counters_of_several_state_directories_add_up():
     a = metrics.count(metrics.empty(), _outcome("x"), {"x": 1}, 0.1, "ADD", now=5.0)
     b = metrics.count(metrics.empty(), _outcome("x"), {"x": 2}, 0.2, "ADD", now=9.0)
     b = metrics.count(b, _outcome("y"), {"y": 1}, 0.2, "GC", now=11.0)
+    a["unrecorded"], b["unrecorded"] = 2, 1
     m = merge([a, b])
+    assert m["unrecorded"] == 3  # ADDs that passed through without a record, in either state directory
     assert m["attachments"] == {"x": 3, "y": 1} and m["removed"]["x"]["masquerade"] == 4
     assert m["sweeps"]["ADD"]["count"] == 2 and m["lastSweep"] == 11.0 and m["lastFailure"] is None
 
@@ -95,3 +97,22 @@ def test_the_counter_file_is_json_a_person_can_read(tmp_path):
         metrics.add(store, _outcome(), {"n": 1}, 0.01)
     doc = json.loads((tmp_path / "s" / metrics.FILE).read_text())
     assert doc["attachments"] == {"n": 1} and doc["removed"]["n"] == {"masquerade": 2, "reservation": 1}
+
+
+def test_the_schedulers_word_keeps_the_latest_answer_and_the_latest_unavailability(tmp_path):
+    """sweep --nomad notes when the agent last answered all it was asked and when it last could not: the alert
+    on a word that stays unavailable compares the two (build/monitoring); counters of an older cni-reaper,
+    without them, show 0."""
+    store = Store(str(tmp_path / "s")).open()
+    with store.locked():
+        metrics.word_asked(store, True, 10.0)
+        metrics.word_asked(store, False, 20.0)
+        metrics.word_asked(store, True, 5.0)  # an earlier question finishing late does not go back in time
+        mine = metrics.load(store)
+    older = metrics.empty()
+    del older["wordAnswered"], older["wordUnavailable"]
+    got = _samples(exposition(merge([mine, older]), {}, []))
+    assert got[("cni_reaper_schedulers_word_answered_timestamp_seconds", ())] == 10.0
+    assert got[("cni_reaper_schedulers_word_unavailable_timestamp_seconds", ())] == 20.0
+    got = _samples(exposition(merge([older]), {}, []))
+    assert got[("cni_reaper_schedulers_word_answered_timestamp_seconds", ())] == 0.0

@@ -30,7 +30,7 @@ BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds, t
 def empty() -> dict:
     return {"version": VERSION, "since": time.time(), "attachments": {}, "removed": {}, "failures": {},
             "errors": 0, "sweeps": {}, "lastSweep": None, "lastFailure": None, "wouldRemove": {}, "schedulersWord": {},
-            "unrecorded": 0}
+            "unrecorded": 0, "wordAnswered": None, "wordUnavailable": None}
 
 
 def parse(data: bytes | None) -> dict:
@@ -95,6 +95,19 @@ def add_by_kind(store: Store, field: str, counts: dict[tuple[str, str], int]) ->
         for (network, kind), n in counts.items():
             per = c[field].setdefault(network, {})
             per[kind] = per.get(kind, 0) + n
+        store.dir.write(FILE, jsonio.dumps(c).encode(), durable=True)
+    except Exception as exc:  # noqa: BLE001 - counting never fails a verb
+        log.warn("metrics could not be counted", error=f"{type(exc).__name__}: {exc}")
+
+
+def word_asked(store: Store, answered: bool, at: float) -> None:
+    """A sweep --nomad asked the scheduler's word at `at`: `answered` (all of it), or not (the agent could not
+    be reached, refused, or left something unproven: the sweep's exit 6). Kept as the latest time of each, for
+    an alert on a word that stays unavailable. The caller holds the state lock. Never raises."""
+    try:
+        c = load(store)
+        field = "wordAnswered" if answered else "wordUnavailable"
+        c[field] = max(c.get(field) or 0.0, at)
         store.dir.write(FILE, jsonio.dumps(c).encode(), durable=True)
     except Exception as exc:  # noqa: BLE001 - counting never fails a verb
         log.warn("metrics could not be counted", error=f"{type(exc).__name__}: {exc}")

@@ -46,13 +46,14 @@ def merge(all_counters: list[dict]) -> dict:
         _add_nested(out["wouldRemove"], c.get("wouldRemove", {}))
         _add_nested(out["schedulersWord"], c.get("schedulersWord", {}))
         out["errors"] += c["errors"]
+        out["unrecorded"] += c.get("unrecorded", 0)
         for verb, s in c["sweeps"].items():
             o = out["sweeps"].setdefault(verb, {"count": 0, "sum": 0.0, "buckets": [0] * len(BUCKETS)})
             o["count"] += s["count"]
             o["sum"] += s["sum"]
             o["buckets"] = [a + b for a, b in zip(o["buckets"], s["buckets"])]
-        for k in ("lastSweep", "lastFailure"):
-            if c[k] is not None and (out[k] is None or c[k] > out[k]):
+        for k in ("lastSweep", "lastFailure", "wordAnswered", "wordUnavailable"):
+            if c.get(k) is not None and (out[k] is None or c[k] > out[k]):
                 out[k] = c[k]
     return out
 
@@ -108,10 +109,6 @@ def _cleanup_families(out: _Families, counters: dict, shown: list[str]) -> None:
             "On Nomad's word (sweep --nomad): attachments whose leftovers were removed because the local agent "
             "says their allocation is over, and network namespaces Nomad left that were removed.",
             _by_kind(counters.get("schedulersWord", {}), shown, ("attachments", "namespaces")))
-    out.add("cni_reaper_schedulers_word_unavailable_total", "counter",
-            "Sweeps with --nomad (sweep --apply) whose word of the local Nomad agent could not be had whole (the "
-            "agent not reached or refusing, an answer that proves nothing): nothing was removed on its word.",
-            [("", {}, counters.get("schedulersWord", {}).get("", {}).get("unavailable", 0))])
     out.add("cni_reaper_cleanup_failures_total", "counter",
             "Clean-ups of an attachment that left something behind (its record is kept and retried).",
             [("", {"network": n}, counters["failures"].get(n, 0)) for n in shown])
@@ -133,6 +130,12 @@ def _sweep_families(out: _Families, counters: dict) -> None:
             "When a sweep last cleaned something (0: never).", [("", {}, float(counters["lastSweep"] or 0))])
     out.add("cni_reaper_last_failure_timestamp_seconds", "gauge",
             "When a clean-up last failed (0: never).", [("", {}, float(counters["lastFailure"] or 0))])
+    out.add("cni_reaper_schedulers_word_answered_timestamp_seconds", "gauge",
+            "sweep --nomad: when the local Nomad agent last answered all a sweep asked (0: never, or never asked).",
+            [("", {}, float(counters.get("wordAnswered") or 0))])
+    out.add("cni_reaper_schedulers_word_unavailable_timestamp_seconds", "gauge",
+            "sweep --nomad: when a sweep last could not have the agent's whole word (unreachable, refused, or "
+            "incomplete: the sweep's exit 6) (0: never).", [("", {}, float(counters.get("wordUnavailable") or 0))])
     out.add("cni_reaper_counters_since_timestamp_seconds", "gauge",
             "When the counters started (they restart if the state directory's .metrics is lost).",
             [("", {}, float(counters["since"]))])

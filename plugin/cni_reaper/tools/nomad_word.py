@@ -96,20 +96,16 @@ class Said:
     """What a sweep takes from the word: the verdicts (record key -> sweep.Verdict) and the namespaces it
     removed ((network, "namespaces") -> how many), for the counters."""
 
-    __slots__ = ("namespaces", "unheard", "verdicts")
+    __slots__ = ("namespaces", "verdicts")
 
     def __init__(self) -> None:
         self.verdicts: dict[Key, Verdict] = {}
         self.namespaces: dict[tuple[str, str], int] = {}
-        self.unheard = False  # the word was asked for and could not be had whole (the agent, its answers)
 
     def count(self, store: Any, removed: Any) -> None:
         """Count in the state directory's metrics what went on the word (`removed`: Outcome.removed)."""
         from cni_reaper.state import counters
 
-        if self.unheard:
-            counters.add_by_kind(store, "schedulersWord", {("", "unavailable"): 1})
-            self.unheard = False
         counts, self.namespaces = dict(self.namespaces), {}  # counted once, whichever run of the sweep comes first
         for k, v in self.verdicts.items():
             if k in removed and v.parts is None:  # whole: counted once, when its last part went
@@ -127,7 +123,7 @@ def verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool
     said = Said()
     if asked is None:
         return said
-    said.unheard = bool(asked.word.problems)
+    _count_asked(asked.word, apply, store)
     remove = apply and store is not None and _removing(args)
     over = [(r, why) for r, why in ((r, _says(asked.word, r)) for r in records) if why is not None]
     occupancy = asked.occupancy
@@ -139,6 +135,15 @@ def verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool
         if verdict is not None:
             said.verdicts[r.key] = verdict
     return said
+
+
+def _count_asked(word: Word, apply: bool, store: Any) -> None:
+    """Note in the state directory's metrics whether a sweep that applies had the whole word (the alert on a
+    word that stays unavailable, build/monitoring)."""
+    if apply and store is not None:
+        from cni_reaper.state import counters
+
+        counters.word_asked(store, not word.problems, word.asked_at)
 
 
 def _removing(args: Any) -> bool:
