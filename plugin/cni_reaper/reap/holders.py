@@ -164,13 +164,14 @@ class PortMap:
         from cni_reaper.reap.netfilter.iptables.plan import parse_tag
 
         nat = tables.get("nat")
-        for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []) if nat is not None else []:
-            tag = parse_tag(r.comment or "")
-            self.mapped += [Mapping(p, tag[2] if tag else "", (tag[1] or "") if tag else "") for p in rule_ports(r)]
-        for chain, rules in nat.chains.items() if nat is not None and others else ():
-            if not chain.startswith("CNI-"):  # the plugins' own chains are reached through the tagged jumps above
-                self.mapped += [Mapping(p, "", by=f"a rule of nat {chain}") for r in rules if _holds_port(r)
-                                for p in rule_ports(r)]
+        if nat is None:
+            return
+        for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []):
+            tag = parse_tag(r.comment or "") or ("", "", "")
+            self.mapped += [Mapping(p, tag[2], tag[1] or "") for p in rule_ports(r)]
+        if others:
+            self.mapped += [Mapping(p, "", by=f"a rule of nat {r.chain}")
+                            for r in _foreign_holders(nat) for p in rule_ports(r)]
 
     def add_sockets(self, sockets: list[HostPort]) -> None:
         """Sockets of this network namespace that hold a host port (listening TCP, bound UDP)."""
@@ -266,6 +267,12 @@ def _proc_address(hexed: str) -> str:
 
     raw = b"".join(int(hexed[i:i + 8], 16).to_bytes(4, "little") for i in range(0, len(hexed), 8))
     return socket.inet_ntop(socket.AF_INET6 if len(raw) == 16 else socket.AF_INET, raw)
+
+
+def _foreign_holders(nat: Table) -> list[Rule]:
+    """The rules of nat chains that are no plugin's (the plugins' own are reached through the tagged jumps of
+    the hostport chain) that give a host port to someone."""
+    return [r for chain, rules in nat.chains.items() if not chain.startswith("CNI-") for r in rules if _holds_port(r)]
 
 
 def _holds_port(rule: Rule) -> bool:

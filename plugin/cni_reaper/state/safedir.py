@@ -28,12 +28,7 @@ def problem(path: str) -> str | None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        parent = os.path.dirname(path.rstrip("/")) or "/"
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent) or "/"
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-            return f"state directory {path} does not exist and cannot be created under {parent}"
-        return None
+        return _uncreatable(path)
     except OSError as exc:
         return f"state directory {path}: {exc.strerror}"
     if stat.S_ISLNK(st.st_mode):
@@ -46,6 +41,16 @@ def problem(path: str) -> str | None:
         return f"state directory {path} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
     if not os.access(path, os.W_OK | os.X_OK):
         return f"state directory {path} is not writable"
+    return None
+
+
+def _uncreatable(path: str) -> str | None:
+    """Why a state directory that is not there cannot be made (None: it can)."""
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent) or "/"
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        return f"state directory {path} does not exist and cannot be created under {parent}"
     return None
 
 
