@@ -2,7 +2,9 @@
 tests, benchmarks and releases alike (run by scripts/build.sh [--arch amd64|arm64], as root, on Debian 12):
 
 1. A Debian 11 root file system of the target architecture (Python 3.9) made with debootstrap from Debian's
-   packages and cached under build/work/rootfs/ (keyed by what it holds). For arm64 its packages are
+   packages and cached once per machine under /var/cache/cni-reaper/build/rootfs/ (CNI_REAPER_BUILD_CACHE; keyed
+   by what it holds, and so is the build virtualenv made in it: a fresh clone, CI's, builds in the root an
+   earlier clone made, one build at a time). For arm64 its packages are
    unpacked by debootstrap --foreign here and configured (its second stage) under user-mode emulation, as
    is everything later run in it: see `in_root`.
 2. In it, a virtualenv with the pinned build requirements (build/requirements-bundle.txt) and PyInstaller
@@ -45,6 +47,7 @@ import elfver
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = Path(os.environ.get("CNI_REAPER_BUILD_WORK", REPO / "build" / "work"))
+CACHE = Path(os.environ.get("CNI_REAPER_BUILD_CACHE", "/var/cache/cni-reaper/build"))  # once per machine
 MIRROR = os.environ.get("CNI_REAPER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 SUITE = "bullseye"
 PACKAGES = ["python3", "python3-venv", "python3-dev", "gcc", "libc6-dev", "zlib1g-dev", "patchelf", "binutils",
@@ -178,7 +181,7 @@ def rootfs(arch: str = HOST_ARCH) -> Path:
     """The Debian 11 build root of an architecture, made once per package list."""
     key = hashlib.sha256(json.dumps([SUITE, MIRROR, PACKAGES] + ([] if arch == HOST_ARCH else [arch])).encode()
                          ).hexdigest()[:12]
-    root = WORK / "rootfs" / (f"{SUITE}-{key}" if arch == HOST_ARCH else f"{SUITE}-{arch}-{key}")
+    root = CACHE / "rootfs" / (f"{SUITE}-{key}" if arch == HOST_ARCH else f"{SUITE}-{arch}-{key}")
     if (root / ".complete").exists():
         return root
     need_tool("debootstrap", "debootstrap")
@@ -237,7 +240,7 @@ def sdist() -> Path:
     machine's own pip for every architecture (pip prepares an sdist's metadata before it keeps the file:
     two minutes under emulation, half a minute here)."""
     version, sha = PYINSTALLER
-    out = WORK / "downloads" / f"pyinstaller-{version}.tar.gz"
+    out = CACHE / "downloads" / f"pyinstaller-{version}.tar.gz"
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / ".lock", "w") as lock:  # release.sh builds the architectures side by side
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -293,6 +296,15 @@ def dist_dir(arch: str = HOST_ARCH) -> Path:
 
 
 def build(arch: str = HOST_ARCH) -> Path:
+    """The bundle of `arch`, built in its root, which is the machine's: one build in it at a time."""
+    lock = CACHE / f"build-{arch}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return _build(arch)
+
+
+def _build(arch: str) -> Path:
     root, venv = prepare(arch)
     build_dir = root / "build"
     say(f"{arch}: PyInstaller in the Debian 11 root")
@@ -366,7 +378,14 @@ def check(bundle: Path) -> None:
 
 def build_floors() -> None:
     """dist/floor (cni-reaper's bootloader) and dist/floor-stock (PyInstaller's own, which restarts): the
-    benchmark's floors, built in the same root as cni-reaper."""
+    benchmark's floors, built in the same root as cni-reaper (one build in it at a time)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"build-{HOST_ARCH}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _build_floors()
+
+
+def _build_floors() -> None:
     root, venv = prepare()
     version = PYINSTALLER[0]
     in_root(root, f"""
