@@ -43,7 +43,59 @@ from cni_reaper.judge.verdict import (  # noqa: F401 - the states, as the engine
     Verdict,
 )
 from cni_reaper.reap.evidence import View, await_lingering  # noqa: F401 - a pass's view, STATUS's wait
-from cni_reaper.reap.sweep import sweep_quietly as verb_pass  # noqa: F401 - the pass of every CNI call
+from cni_reaper.reap.sweep import sweep_quietly as verb_pass
+
+
+def add_pass(store: Store, conf: Any) -> Outcome | None:
+    """An ADD's pass (its new life recorded: its addresses are protected): what the index says is stale, and on
+    the first ADD of its network in a boot, the attachments libcni caches with no record that their entries
+    prove dead, whose cached addresses must be forgotten before a late DEL of them meets their next holder
+    (orphans.cached_dead). Never raises."""
+    view = View()
+    return verb_pass(store, conf, extra=_cached_dead(store, conf, view), view=view)
+
+
+def _cached_dead(store: Store, conf: Any, view: View) -> list[Target]:
+    from cni_reaper import log
+    from cni_reaper.state.modes import first_of_boot
+
+    try:
+        if not first_of_boot(store, conf.name, view.host.boot):
+            return []
+        from cni_reaper.reap import orphans
+
+        return orphans.cached_dead(conf, {e.key.owner for e in store.entries().values()}, view)
+    except Exception as exc:  # noqa: BLE001 - a look at other attachments never fails this one
+        log.warn("libcni's cached attachments without a record were not looked at", error=f"{type(exc).__name__}: {exc}")
+        return []
+
+
+def port_look(store: Store, conf: Any, container_id: str, ports: Any, life: Life) -> None:
+    """Who else maps the host ports an ADD was given (reap/orphans.py): the DNAT of a dead allocation with no
+    record is removed with the rest of what it left (a pass under the state lock, observed as the ADD's network
+    is), and the log says which port was freed from whom, or warns when its owner is live or not known dead.
+    The tables are read with no lock held; the records (who has one) and the pass under the state lock."""
+    from cni_reaper.reap import orphans
+    from cni_reaper.reap.holders import mapped_now
+    from cni_reaper.reap.hostlocal import Keeping
+    from cni_reaper.state.record import reservation_dir
+
+    view = View()
+    families = {ip.family for ip in life.ips} or {4}
+    # host-local's word, where the ADD's own address shows it keeps the network: its dir and subnets
+    keeping = Keeping(reservation_dir(life), [ip.cidr for ip in life.ips if ip.reservation is not None])
+    shadows = orphans.shadowing(conf, container_id, ports, families, lambda: _recorded(store), keeping, view)
+    outcome = None
+    if shadows.targets:
+        with store.locked():
+            outcome = verb_pass(store, conf, extra=shadows.targets, view=view)
+    orphans.report(shadows, outcome, container_id, lambda: mapped_now(conf.backend, families))
+
+
+def _recorded(store: Store) -> set[tuple[str, str]]:
+    """The (network, container ID) of every record, read under the state lock."""
+    with store.locked():
+        return {e.key.owner for e in store.entries().values()}
 
 
 def del_targets(record: Record, conf: Any, view: View, netns: str, same: bool,

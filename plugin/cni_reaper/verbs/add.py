@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 from cni_reaper import log
 from cni_reaper.errors import INVALID_CONFIG, CniError
 from cni_reaper.gojson import lookup
-from cni_reaper.state.record import RecordSettings, merge, reservation_dir
+from cni_reaper.state.record import RecordSettings, merge
 from cni_reaper.state.store import Store
 from cni_reaper.verbs.recording import current_life, host_ports
 
@@ -70,26 +70,18 @@ def _record(inv: Invocation, current: Life) -> None:
 
 
 def _sweep(inv: Invocation, store: Store, current: Life) -> None:
-    """The sweep of an ADD; for one that maps host ports, after its answer (cni/afterwards.py), a look at who
-    else maps them (`_look_at_host_ports`). Never fails the ADD."""
-    from cni_reaper.reap.evidence import View
-    from cni_reaper.reap.sweep import sweep_quietly
+    """The sweep of an ADD (engine.add_pass); for one that maps host ports, after its answer (cni/afterwards.py),
+    a look at who else maps them (`_look_at_host_ports`). Never fails the ADD."""
+    from cni_reaper.reap.engine import add_pass
 
-    view = View()
-    sweep_quietly(store, inv.conf, extra=_cached_dead(inv, store, view), view=view)
+    add_pass(store, inv.conf)
 
 
 def _look_at_host_ports(inv: Invocation, current: Life) -> None:
-    """Who else maps the host ports this ADD was given (reap/orphans.py): the DNAT of a dead allocation with no
-    record is removed with the rest of what it left, and the log says which port was freed from whom, or warns
-    when its owner is live or not known dead. Done after the ADD's answer: the look reads the hostport tables
-    with the tools of each world (milliseconds the allocation need not wait for); a connection to the port in
-    those milliseconds met the same DNAT before cni-reaper ran. Never raises."""
-    from cni_reaper.reap import orphans
-    from cni_reaper.reap.evidence import View
-    from cni_reaper.reap.holders import mapped_now
-    from cni_reaper.reap.hostlocal import Keeping
-    from cni_reaper.reap.sweep import sweep_quietly
+    """Who else maps the host ports this ADD was given (engine.port_look): done after the ADD's answer, the
+    look reads the hostport tables with the tools of each world (milliseconds the allocation need not wait for);
+    a connection to the port in those milliseconds met the same DNAT before cni-reaper ran. Never raises."""
+    from cni_reaper.reap.engine import port_look
 
     try:
         store = Store(inv.conf.stateDir, inv.conf.lockTimeout).open()
@@ -97,42 +89,8 @@ def _look_at_host_ports(inv: Invocation, current: Life) -> None:
         log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
         return
     try:
-        view = View()
-        families = {ip.family for ip in current.ips} or {4}
-        # host-local's word, where the ADD's own address shows it keeps the network: its dir and subnets
-        keeping = Keeping(reservation_dir(current), [ip.cidr for ip in current.ips if ip.reservation is not None])
-        # the tables are read with no lock held; the records (who has one) and the sweep under the state lock
-        shadows = orphans.shadowing(inv.conf, inv.container_id, host_ports(inv.conf), families,
-                                    lambda: _recorded(store), keeping, view)
-        outcome = None
-        if shadows.targets:
-            with store.locked():
-                outcome = sweep_quietly(store, inv.conf, extra=shadows.targets, view=view)
-        orphans.report(shadows, outcome, inv.container_id, lambda: mapped_now(inv.conf.backend, families))
+        port_look(store, inv.conf, inv.container_id, host_ports(inv.conf), current)
     except Exception as exc:  # noqa: BLE001 - a look at other allocations never fails this one
         log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
     finally:
         store.close()
-
-
-def _recorded(store: Store) -> set[tuple[str, str]]:
-    """The (network, container ID) of every record, read under the state lock."""
-    with store.locked():
-        return {e.key.owner for e in store.entries().values()}
-
-
-def _cached_dead(inv: Invocation, store: Store, view: Any) -> list:
-    """The first ADD of its network in a boot: the attachments libcni caches with no record that their entries
-    prove dead (reap/orphans.cached_dead), whose cached addresses must be forgotten before a late DEL of them
-    meets their next holder. Never fails the ADD."""
-    from cni_reaper.state.modes import first_of_boot
-
-    try:
-        if not first_of_boot(store, inv.conf.name, view.host.boot):
-            return []
-        from cni_reaper.reap import orphans
-
-        return orphans.cached_dead(inv.conf, {e.key.owner for e in store.entries().values()}, view)
-    except Exception as exc:  # noqa: BLE001 - a look at other attachments never fails this one
-        log.warn("libcni's cached attachments without a record were not looked at", error=f"{type(exc).__name__}: {exc}")
-        return []
