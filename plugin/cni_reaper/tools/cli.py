@@ -337,7 +337,7 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
     of cni-reaper 0.2 with its network's conflist, or the first one's when no conflist names its network any
     more); tagged attachments without a record where libcni's cache proves them dead, or host-local (where the
     network's records, or else its conflist, say host-local keeps it: orphans.proven_dead)."""
-    from cni_reaper.reap.sweep import select, sweep
+    from cni_reaper.reap.engine import operator_pass
     from cni_reaper.state.store import Store
     from cni_reaper.tools import nomad_word
 
@@ -355,10 +355,9 @@ def _sweep_group(args, group: list[Context], total, view, word=None) -> None:
             modes = _modes(store, group, _settings(args))
             said = nomad_word.verdicts(word, records, view, args.apply, args, modes, store)
             for conf, network in runs:
-                sel = select(records, view, confs, conf, only_network=network, verdicts=said.verdicts)
-                if args.orphans:
-                    sel.extra = _orphans(group, records, conf, network, view)
-                outcome = sweep(store, conf, sel, dry_run=not args.apply, modes=modes)
+                extra = _orphans(group, records, conf, network, view) if args.orphans else None
+                outcome = operator_pass(store, conf, records, view, confs, modes, not args.apply, network, said.verdicts,
+                                        extra)
                 if args.apply and store is not None:
                     said.count(store, outcome.removed)
                 total.merge(outcome)
