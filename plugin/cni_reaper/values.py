@@ -76,3 +76,20 @@ class Key(_Triple):
     def owner(self) -> tuple[str, str]:
         """(network, container ID): whose leftovers a rule's tag names (it does not name the interface)."""
         return (self[0], self[1])
+
+
+class HostPort(Value):
+    """A host port a rule maps: protocol ("" when the rule names none: every protocol), port, host IP ("" for
+    every address)."""
+
+    __slots__ = ("host_ip", "port", "proto")
+
+    def __init__(self, proto: str, port: int, host_ip: str = "") -> None:
+        self.proto, self.port, self.host_ip = proto, port, host_ip
+
+    def clashes(self, other: HostPort) -> bool:
+        """The same port of the same protocol (either naming none), whatever host IP either maps."""
+        return self.port == other.port and (self.proto == other.proto or not self.proto or not other.proto)
+
+    def __str__(self) -> str:
+        return f"{self.port}/{self.proto or 'any'}" + (f" on {self.host_ip}" if self.host_ip else "")

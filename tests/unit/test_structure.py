@@ -124,6 +124,13 @@ def test_layers(package, forbidden):
     assert not any(bad.values()), {m: sorted(v) for m, v in bad.items() if v}
 
 
+def test_the_verbs_reach_the_pipeline_through_the_engine_alone():
+    """Issue 42: every verb runs the one engine (reap/engine.py); besides it, a verb reads the host's identities
+    at ADD, CHECK and DEL (reap/probes.py) and nothing else of reap/: no verb assembles a pass of its own."""
+    reached = {d for m in in_package("cni_reaper.verbs") for d in GRAPH[m] if d.startswith("cni_reaper.reap")}
+    assert reached == {"cni_reaper.reap.engine", "cni_reaper.reap.probes"}, reached
+
+
 def test_the_judge_imports_nothing_that_touches_the_kernel_or_files():
     """judge/ is facts in, a verdict out (issue 42): it imports only itself (and typing, for the checker)."""
     found = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from cni_reaper.cni.ipaddr import parse_ip
-from cni_reaper.values import Value
+from cni_reaper.values import HostPort, Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,23 +26,6 @@ if TYPE_CHECKING:
 
 PROTOCOLS = ("tcp", "udp", "sctp")
 IPTABLES_DNAT_CHAIN = "CNI-HOSTPORT-DNAT"
-
-
-class HostPort(Value):
-    """A host port a rule maps: protocol ("" when the rule names none: every protocol), port, host IP ("" for
-    every address)."""
-
-    __slots__ = ("host_ip", "port", "proto")
-
-    def __init__(self, proto: str, port: int, host_ip: str = "") -> None:
-        self.proto, self.port, self.host_ip = proto, port, host_ip
-
-    def clashes(self, other: HostPort) -> bool:
-        """The same port of the same protocol (either naming none), whatever host IP either maps."""
-        return self.port == other.port and (self.proto == other.proto or not self.proto or not other.proto)
-
-    def __str__(self) -> str:
-        return f"{self.port}/{self.proto or 'any'}" + (f" on {self.host_ip}" if self.host_ip else "")
 
 
 def address(text: str | None) -> str | None:

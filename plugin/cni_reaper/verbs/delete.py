@@ -91,14 +91,15 @@ def _torn_down(store: Store, record: Record | None, inv: Invocation, verify: boo
     if record is None:
         return None
     if record.deleted is None:
-        from cni_reaper.reap import cache, probes
+        from cni_reaper.reap.engine import cached_by_libcni
+        from cni_reaper.reap.probes import maybe_there
         from cni_reaper.state.record import tombstone
 
         conf = inv.conf
         cache_dir = record.settings.cache_dir if record.settings else conf.cniCacheDir
         record = record.replace(deleted=tombstone(
-            not probes.maybe_there(inv.netns), conf.prevResult is not None, bool(conf.portMappings),
-            verify=verify, cached=cache.exists(cache_dir, *record.key)))
+            not maybe_there(inv.netns), conf.prevResult is not None, bool(conf.portMappings),
+            verify=verify, cached=cached_by_libcni(cache_dir, *record.key)))
     store.save(record)
     return record
 

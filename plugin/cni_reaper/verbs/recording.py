@@ -10,8 +10,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.cni.shell import Invocation
-    from cni_reaper.reap.holders import HostPort
     from cni_reaper.state.record import Life
+    from cni_reaper.values import HostPort
 
 from cni_reaper import log
 from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
@@ -41,7 +41,7 @@ def current_life(inv: Invocation) -> Life:
 
 def host_ports(conf: Any) -> set[HostPort]:
     """The host ports the runtime gave this attachment (its portMappings)."""
-    from cni_reaper.reap.holders import HostPort
+    from cni_reaper.values import HostPort
 
     return {HostPort(p.protocol, p.hostPort, p.hostIP) for p in conf.portMappings}
 
