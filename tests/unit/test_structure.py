@@ -175,9 +175,36 @@ def test_a_handful_of_modules_at_the_top_and_the_layers_as_packages():
                         "cni_reaper.verbs", "cni_reaper.wrap"]
 
 
-# The functions of plugin/ above a cyclomatic complexity of 15 as radon counts it, each at its count today:
-# none may grow, none may join, and one split below 15 leaves the list (issue 32 asks for none at all).
-COMPLEX: dict[str, int] = {}  # none left over 15 (issue 32); a function that must be is named here, with its count
+# The functions of plugin/ above a cyclomatic complexity of 12 as radon counts it (issue 42 asks for none; 36 were
+# at 13-15 on 7f8b570), each at its count today: none may grow, none may join, and one split to 12 or below
+# leaves the list.
+COMPLEX: dict[str, int] = {
+    "cni_reaper.reap.holders._native_port_values": 13,
+    "cni_reaper.reap.holders.mapped_now": 15,
+    "cni_reaper.reap.netfilter.domain.domains": 15,
+    "cni_reaper.reap.netfilter.iptables.plan._Builder.dnat": 13,
+    "cni_reaper.reap.netfilter.iptables.restore.SaveRestoreBackend.apply": 15,
+    "cni_reaper.reap.orphans.tagged": 13,
+    "cni_reaper.state.journal.items": 13,
+    "cni_reaper.state.record._life_problem": 15,
+    "cni_reaper.state.record.life": 14,
+    "cni_reaper.state.record.parse_time": 14,
+    "cni_reaper.tools.cli._doctor_leaks": 13,
+    "cni_reaper.tools.cli._doctor_networks": 14,
+    "cni_reaper.tools.cli._orphans": 13,
+    "cni_reaper.tools.cli._print_sweep": 14,
+    "cni_reaper.tools.cli._print_undo": 15,
+    "cni_reaper.tools.cli.cmd_journal": 13,
+    "cni_reaper.tools.cli.cmd_metrics": 15,
+    "cni_reaper.tools.cli.cmd_sweep": 15,
+    "cni_reaper.tools.cli.cmd_undo": 13,
+    "cni_reaper.tools.doctor.check_records": 14,
+    "cni_reaper.tools.nomad_word.verdicts": 14,
+    "cni_reaper.tools.undo._IptablesPlan._conflict": 14,
+    "cni_reaper.tools.undo._iptables_family": 15,
+    "cni_reaper.tools.undo.damaged": 15,
+}
+BOUND = 12
 
 
 def _complexities() -> dict[str, int]:
@@ -192,10 +219,10 @@ def _complexities() -> dict[str, int]:
     return out
 
 
-def test_no_function_grows_past_a_cyclomatic_complexity_of_15():
+def test_no_function_grows_past_a_cyclomatic_complexity_of_12():
     found = _complexities()
-    over = {name: n for name, n in found.items() if n > max(15, COMPLEX.get(name, 0))}
-    assert not over, f"split these (radon cc over 15, or over their count in COMPLEX): {over}"
+    over = {name: n for name, n in found.items() if n > max(BOUND, COMPLEX.get(name, 0))}
+    assert not over, f"split these (radon cc over {BOUND}, or over their count in COMPLEX): {over}"
     stale = {name: (COMPLEX[name], found.get(name)) for name in COMPLEX if found.get(name, 0) < COMPLEX[name]}
     assert not stale, f"lower or drop these in COMPLEX (simpler now, or gone): {stale}"
 
