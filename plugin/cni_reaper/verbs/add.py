@@ -32,12 +32,13 @@ def run(inv: Invocation) -> dict[str, Any]:
     current = current_life(inv)
     try:
         _record(inv, current)
-    except CniError as err:  # its own bookkeeping never fails an ADD the chain accepted (a full disk, a held lock)
+    except (CniError, OSError) as err:  # its own bookkeeping never fails an ADD the chain accepted (a full disk, a lock)
         from cni_reaper.state import counters
 
         log.error("the attachment was not recorded; the allocation goes on, and this attachment is judged later "
                   "as one from before installation (libcni's cache, host-local's reservations)",
-                  error=err.msg, fix=err.details or "check the state directory's free space and permissions")
+                  error=getattr(err, "msg", None) or str(err),
+                  fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
         counters.unrecorded(conf.stateDir)
     if conf.portMappings:  # once the state lock is let go (the look takes it); holders is not imported here
         from cni_reaper.cni.afterwards import later

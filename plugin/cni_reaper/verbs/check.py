@@ -33,9 +33,10 @@ def run(inv: Invocation) -> None:
                        "the container's network namespace is gone; the runtime should recreate the network")
     try:
         _adopt(inv, current)
-    except CniError as err:  # its own bookkeeping never fails a CHECK (Nomad would recreate the network)
-        log.error("CHECK could not look at or repair the record; the allocation goes on", error=err.msg,
-                  fix=err.details or "check the state directory's free space and permissions")
+    except (CniError, OSError) as err:  # its own bookkeeping never fails a CHECK (Nomad would recreate the network)
+        log.error("CHECK could not look at or repair the record; the allocation goes on",
+                  error=getattr(err, "msg", None) or str(err),
+                  fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
     return None
 
 
