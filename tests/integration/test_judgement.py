@@ -234,3 +234,34 @@ def test_undo_puts_back_no_dnat_over_a_live_holder_that_is_not_cni_reapers(sb, h
         if server is not None:
             server.kill()
             server.wait()
+
+
+def test_a_connection_right_after_the_add_reaches_the_new_allocation_not_the_dead_one(sb):
+    """Issue 43, item 7 (Nomad #11901): a dead allocation with no record still maps host port P; a new one is
+    given P and a client connects the moment the ADD answers. libcni caches an attachment with no record (a
+    listing, no more), so the look that frees P from the dead DNAT runs before the answer: the connection
+    reaches the new allocation. (After the answer, a connection in those milliseconds went to the dead address
+    and failed: "No route to host"; cleared conntrack entries do not save a local client's connect.)"""
+    port = 8103
+    _leak(sb, f"{port}:80/tcp", sb.conflist(without_reaper=True))
+    new, netns = unique("alloc-"), sb.container()
+    ips_of(sb.driver("add", new, netns, (f"{port}:80/tcp",), settle=False))
+    server = sb.serve(netns, 80, "new-allocation")
+    try:
+        assert _connected(sb, port) == "new-allocation"
+    finally:
+        server.kill()
+        server.wait()
+        sb.settle()
+
+
+def _connected(sb, port: int) -> str:
+    """One connection to host port `port` from the host, retried only while nothing listens yet."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        got = sb.connect("172.26.64.1", port, timeout=5)
+        if not got.startswith("refused [Errno 111]") or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)

@@ -17,7 +17,10 @@ import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
+
+    from cni_reaper.values import Key
 
 from cni_reaper import jsonio
 from cni_reaper.files import open_regular
@@ -32,6 +35,18 @@ def results_dir(cache_dir: str) -> str:
 
 def entry_name(network: str, container_id: str, ifname: str) -> str:
     return f"{network}-{container_id}-{ifname}"
+
+
+def unrecorded(cache_dir: str, recorded: Iterable[Key]) -> bool:
+    """Whether libcni caches an attachment that has none of the `recorded` keys (one listing of the results
+    directory, no entry read): a cheap sign that an allocation cni-reaper never recorded may map a host port.
+    A directory that cannot be listed says no (the look after the answer still runs)."""
+    try:
+        names = os.listdir(results_dir(cache_dir))
+    except OSError:
+        return False
+    known = {entry_name(*k) for k in recorded}
+    return any(n not in known for n in names if not n.startswith("."))
 
 
 def view(cache_dir: str) -> str | None:

@@ -43,6 +43,7 @@ from cni_reaper.judge.verdict import (  # noqa: F401 - the states, as the engine
     Verdict,
 )
 from cni_reaper.reap.cache import exists as cached_by_libcni  # noqa: F401 - a DEL's tombstone notes it
+from cni_reaper.reap.cache import unrecorded as cached_unrecorded  # noqa: F401 - an ADD's cheap look for leaks
 from cni_reaper.reap.evidence import View, await_lingering  # noqa: F401 - a pass's view, STATUS's wait
 from cni_reaper.reap.sweep import sweep_quietly as verb_pass
 

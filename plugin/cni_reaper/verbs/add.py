@@ -30,8 +30,9 @@ def run(inv: Invocation) -> dict[str, Any]:
                  "hands it no port mappings: none recorded (dead attachments' DNAT rules are still found by "
                  "their owner tag)", fix='add "capabilities": {"portMappings": true} to cni-reaper\'s entry')
     current = current_life(inv)
+    cached_unrecorded = False
     try:
-        _record(inv, current)
+        cached_unrecorded = _record(inv, current)
     except (CniError, OSError) as err:  # its own bookkeeping never fails an ADD the chain accepted (a full disk, a lock)
         from cni_reaper.state import counters
 
@@ -40,7 +41,9 @@ def run(inv: Invocation) -> dict[str, Any]:
                   error=getattr(err, "msg", None) or str(err),
                   fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
         counters.unrecorded(conf.stateDir)
-    if conf.portMappings:  # once the state lock is let go (the look takes it); holders is not imported here
+    if conf.portMappings and cached_unrecorded:  # a leak may map its ports: freed before the answer (#11901)
+        _look_at_host_ports(inv, current)
+    elif conf.portMappings:  # once the state lock is let go (the look takes it); holders is not imported here
         from cni_reaper.cni.afterwards import later
 
         later(lambda: _look_at_host_ports(inv, current), conf.stateDir)
@@ -50,9 +53,10 @@ def run(inv: Invocation) -> dict[str, Any]:
     return result
 
 
-def _record(inv: Invocation, current: Life) -> None:
+def _record(inv: Invocation, current: Life) -> bool:
     """Record the new life under the state lock (its addresses are protected from then on), then sweep what
-    dead attachments left, including the DNAT of dead allocations that would shadow its host ports."""
+    dead attachments left. Returns whether libcni caches an attachment that has no record (one from before
+    installation, or of a network without cni-reaper: it may map the host ports this ADD was given)."""
     conf = inv.conf
     store = Store(conf.stateDir, conf.lockTimeout).open()
     try:
@@ -66,8 +70,15 @@ def _record(inv: Invocation, current: Life) -> None:
             if kept:
                 log.info("re-added: earlier life kept for clean-up", earlier=len(record.earlier))
             _sweep(inv, store, current)
+            return bool(conf.portMappings) and _cached_unrecorded(store, conf)
     finally:
         store.close()
+
+
+def _cached_unrecorded(store: Store, conf: Any) -> bool:
+    from cni_reaper.reap.engine import cached_unrecorded
+
+    return cached_unrecorded(conf.cniCacheDir, {e.key for e in store.entries().values()})
 
 
 def _sweep(inv: Invocation, store: Store, current: Life) -> None:
