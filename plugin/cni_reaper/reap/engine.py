@@ -30,18 +30,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.store import Store
     from cni_reaper.values import Key
 
-from cni_reaper.judge.verdict import (  # noqa: F401 - the states, as the engine's callers name them
-    DEAD,
-    DONE,
-    EXPIRED,
-    HELD,
-    LEFT,
-    LIVE,
-    SWEEPABLE,
-    UNKNOWN,
-    WAIT,
-    Verdict,
-)
+from cni_reaper.judge.verdict import DEAD, Verdict
 from cni_reaper.reap.cache import exists as cached_by_libcni  # noqa: F401 - a DEL's tombstone notes it
 from cni_reaper.reap.cache import unrecorded as cached_unrecorded  # noqa: F401 - an ADD's cheap look for leaks
 from cni_reaper.reap.evidence import View, await_lingering  # noqa: F401 - a pass's view, STATUS's wait

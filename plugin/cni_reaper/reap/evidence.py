@@ -48,19 +48,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import log
 from cni_reaper.judge.life import Sign, decide_cached, decide_life, decide_record
-from cni_reaper.judge.verdict import (  # noqa: F401 - the states, as every caller of the judgement names them
-    DEAD,
-    DONE,
-    EXPIRED,
-    HELD,
-    HOLDING,
-    LEFT,
-    LIVE,
-    SWEEPABLE,
-    UNKNOWN,
-    WAIT,
-    Verdict,
-)
+from cni_reaper.judge.verdict import DEAD, LIVE, Verdict
 from cni_reaper.reap import probes
 from cni_reaper.state.record import HELD_MAX_SECONDS
 

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from cni_reaper.reap.targets import Target
 
 from cni_reaper import log
+from cni_reaper.judge.verdict import DEAD, UNKNOWN
 from cni_reaper.reap import cache
-from cni_reaper.reap.evidence import DEAD, UNKNOWN, judge_cached
+from cni_reaper.reap.evidence import judge_cached
 
 UNNAMED = ""  # the network of an attachment known only by portmap's native rules, which name none
 

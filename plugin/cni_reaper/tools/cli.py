@@ -248,7 +248,7 @@ STATE_WORDS = {"live": "live", "dead": "dead", "unknown": "unknown", "left": "de
 
 
 def cmd_list(args) -> int:
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View
 
     contexts, skipped = _contexts(args)
     items = []
@@ -413,7 +413,7 @@ class _NoLock:
 
 
 def cmd_sweep(args) -> int:
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View
     from cni_reaper.reap.outcome import Outcome
 
     contexts, skipped = _contexts(args)
@@ -488,7 +488,8 @@ def _print_sweep(args, groups: dict, count: int, total, backends: dict) -> None:
 
 
 def cmd_metrics(args) -> int:
-    from cni_reaper.reap.evidence import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN, View
+    from cni_reaper.judge.verdict import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
+    from cni_reaper.reap.engine import View
     from cni_reaper.state.counters import load as load_counters
     from cni_reaper.state.store import Store
     from cni_reaper.tools import metrics
@@ -677,7 +678,7 @@ def _doctor_leaks(args, contexts: list[Context]) -> list:
     ports more than one container maps (a dead allocation's DNAT shadowing a live one's, or a conflict)."""
     from argparse import Namespace
 
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View
     from cni_reaper.reap.holders import port_map
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.tools import doctor
@@ -708,7 +709,7 @@ def _doctor_leaks(args, contexts: list[Context]) -> list:
 
 def _doctor_records(contexts: list[Context]) -> list:
     """doctor's checks of the records: dead ones waiting, and what cannot be judged from here, and why."""
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View
     from cni_reaper.tools import doctor
 
     out = []

@@ -238,7 +238,7 @@ def check_log_file(network: str, path: str) -> Finding:
 
 
 def check_records(state_dir: str, networks: list[str], states: list[tuple[str, str]]) -> Finding:
-    from cni_reaper.reap.evidence import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
+    from cni_reaper.judge.verdict import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
 
     label = ", ".join(networks)
     if not os.path.isdir(state_dir):

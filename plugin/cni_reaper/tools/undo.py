@@ -73,8 +73,7 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
     """Put back what the journal says was removed for `cid` (the caller holds the state lock). `confs` (network ->
     its configuration) and `cache_dir`: what the records are judged with, as `list` and the sweep judge them."""
     from cni_reaper.reap.claims import Holdings
-    from cni_reaper.reap.engine import holdings
-    from cni_reaper.reap.evidence import View
+    from cni_reaper.reap.engine import View, holdings
     from cni_reaper.reap.hostlocal import locked_dirs, networks_in
     from cni_reaper.state.journal import Journal
 
