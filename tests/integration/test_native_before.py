@@ -14,8 +14,9 @@ PORTS = ("8080:80/tcp", "8080:80/udp")
 
 
 @pytest.fixture(params=[Stack("1.9", "go-cni-1.1.13"), Stack("1.9")], ids=lambda s: s.id)
-def sb(request, tmp_path, flavour, package_exe):
-    with open_sandbox(tmp_path, flavour, package_exe, request.param) as sandbox:
+def sb(request, tmp_path, flavour, reaper_exe):
+    """The installed package and the built bundle (the release's: what runs on a client) alike."""
+    with open_sandbox(tmp_path, flavour, reaper_exe, request.param) as sandbox:
         yield sandbox
 
 

@@ -139,23 +139,15 @@ def on_link() -> list[OnLink] | None:
     """The networks of every address of this network namespace's interfaces (netlink, two dumps); None when
     they cannot be read."""
     import ipaddress
+    import socket
+
+    from cni_reaper.reap.rtnetlink import bridges_and_addresses
 
     try:
-        from pyroute2 import IPRoute
-
-        with IPRoute() as ipr:
-            bridges = set()
-            for link in ipr.get_links():
-                info = link.get_attr("IFLA_LINKINFO")
-                if info is not None and info.get_attr("IFLA_INFO_KIND") == "bridge":
-                    bridges.add(link["index"])
-            out = []
-            for a in ipr.get_addr():
-                ip = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
-                if ip:
-                    out.append(OnLink(a["index"], a["index"] in bridges,
-                                      ipaddress.ip_network(f"{ip}/{a['prefixlen']}", strict=False)))
-            return out
+        bridges, addresses = bridges_and_addresses()
+        return [OnLink(index, index in bridges,
+                       ipaddress.ip_network(f"{socket.inet_ntop(family, raw)}/{prefix}", strict=False))
+                for index, family, raw, prefix in addresses]
     except Exception:  # noqa: BLE001 - netlink refused or a library fault: nothing is known
         return None
 
