@@ -61,11 +61,12 @@ def _cached_dead(store: Store, conf: Any, view: View) -> list[Target]:
         return []
 
 
-def port_look(store: Store, conf: Any, container_id: str, ports: Any, life: Life) -> None:
+def port_look(store: Store, conf: Any, container_id: str, ports: Any, life: Life, wait: float | None = None) -> None:
     """Who else maps the host ports an ADD was given (reap/orphans.py): the DNAT of a dead allocation with no
     record is removed with the rest of what it left (a pass under the state lock, observed as the ADD's network
     is), and the log says which port was freed from whom, or warns when its owner is live or not known dead.
-    The tables are read with no lock held; the records (who has one) and the pass under the state lock."""
+    The tables are read with no lock held; the records (who has one) and the pass under the state lock, waited
+    for `wait` seconds at most (None: lockTimeout; CniError 11 when it stays held)."""
     from cni_reaper.reap import orphans
     from cni_reaper.reap.holders import mapped_now
     from cni_reaper.reap.hostlocal import Keeping
@@ -75,17 +76,17 @@ def port_look(store: Store, conf: Any, container_id: str, ports: Any, life: Life
     families = {ip.family for ip in life.ips} or {4}
     # host-local's word, where the ADD's own address shows it keeps the network: its dir and subnets
     keeping = Keeping(reservation_dir(life), [ip.cidr for ip in life.ips if ip.reservation is not None])
-    shadows = orphans.shadowing(conf, container_id, ports, families, lambda: _recorded(store), keeping, view)
+    shadows = orphans.shadowing(conf, container_id, ports, families, lambda: _recorded(store, wait), keeping, view)
     outcome = None
     if shadows.targets:
-        with store.locked():
+        with store.locked(wait):
             outcome = verb_pass(store, conf, extra=shadows.targets, view=view)
     orphans.report(shadows, outcome, container_id, lambda: mapped_now(conf.backend, families))
 
 
-def _recorded(store: Store) -> set[tuple[str, str]]:
+def _recorded(store: Store, wait: float | None = None) -> set[tuple[str, str]]:
     """The (network, container ID) of every record, read under the state lock."""
-    with store.locked():
+    with store.locked(wait):
         return {e.key.owner for e in store.entries().values()}
 
 

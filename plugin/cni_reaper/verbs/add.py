@@ -41,12 +41,8 @@ def run(inv: Invocation) -> dict[str, Any]:
                   error=getattr(err, "msg", None) or str(err),
                   fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
         counters.unrecorded(conf.stateDir)
-    if conf.portMappings and cached_unrecorded:  # a leak may map its ports: freed before the answer (#11901)
-        _look_at_host_ports(inv, current)
-    elif conf.portMappings:  # once the state lock is let go (the look takes it); holders is not imported here
-        from cni_reaper.cni.afterwards import later
-
-        later(lambda: _look_at_host_ports(inv, current), conf.stateDir)
+    if conf.portMappings:
+        _look(inv, current, cached_unrecorded)
     result = dict(conf.prevResult)
     if not lookup(result, "cniVersion")[0]:
         result["cniVersion"] = inv.version
@@ -89,20 +85,45 @@ def _sweep(inv: Invocation, store: Store, current: Life) -> None:
     add_pass(store, inv.conf)
 
 
-def _look_at_host_ports(inv: Invocation, current: Life) -> None:
-    """Who else maps the host ports this ADD was given (engine.port_look): done after the ADD's answer, the
-    look reads the hostport tables with the tools of each world (milliseconds the allocation need not wait for);
-    a connection to the port in those milliseconds met the same DNAT before cni-reaper ran. Never raises."""
+def _look(inv: Invocation, current: Life, before_the_answer: bool) -> None:
+    """Who else maps this ADD's host ports: before its answer when a leak may map them (#11901: libcni caches an
+    attachment with no record) and the state lock is free within LOOK_WAIT; else after it (cni/afterwards.py),
+    once the state lock is let go (the look takes it); holders is not imported here."""
+    if before_the_answer and _look_at_host_ports(inv, current, LOOK_WAIT):
+        return
+    from cni_reaper.cni.afterwards import later
+
+    later(lambda: _after_the_answer(inv, current), inv.conf.stateDir)
+
+
+def _after_the_answer(inv: Invocation, current: Life) -> None:
+    _look_at_host_ports(inv, current)
+
+
+LOOK_WAIT = 0.5  # seconds the look before an ADD's answer waits for the state lock (then it runs after the answer)
+
+
+def _look_at_host_ports(inv: Invocation, current: Life, wait: float | None = None) -> bool:
+    """Who else maps the host ports this ADD was given (engine.port_look): the look reads the hostport tables
+    with the tools of each world (milliseconds). Before the answer (`wait`: how long the state lock may be
+    waited for) it returns False when the lock stayed held (the look is then left for after the answer); after
+    it, True. Never raises."""
+    from cni_reaper.errors import TRY_AGAIN_LATER
     from cni_reaper.reap.engine import port_look
 
     try:
         store = Store(inv.conf.stateDir, inv.conf.lockTimeout).open()
-    except Exception as exc:  # noqa: BLE001 - nobody waits for this look: it is only logged
+    except Exception as exc:  # noqa: BLE001 - a look at other allocations never fails this one: it is only logged
         log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
-        return
+        return True
     try:
-        port_look(store, inv.conf, inv.container_id, host_ports(inv.conf), current)
+        port_look(store, inv.conf, inv.container_id, host_ports(inv.conf), current, wait)
+    except CniError as err:
+        if wait is not None and err.code == TRY_AGAIN_LATER:
+            return False
+        log.warn("who else maps this allocation's host ports was not looked at", error=err.msg)
     except Exception as exc:  # noqa: BLE001 - a look at other allocations never fails this one
         log.warn("who else maps this allocation's host ports was not looked at", error=f"{type(exc).__name__}: {exc}")
     finally:
         store.close()
+    return True
