@@ -105,6 +105,9 @@ def del_targets(record: Record, conf: Any, view: View, netns: str, same: bool,
     s = settings_of(record, {conf.name: conf}) or RecordSettings.of_conf(conf)
     j = judge(record, view, s, conf.cniCacheDir, Verdict(DEAD, "DEL"))
     if j.state != DEAD:
+        from cni_reaper import log
+
+        log.info("nothing of this attachment removed before the plugins' DEL; left for a sweep", why=j.why)
         return None
     if not same:
         return [dead_target(j, view, keep_masq_chain=probes.maybe_there(netns), parts=PARTS - {"reservation"},

@@ -36,8 +36,8 @@ def run(inv: Invocation) -> dict[str, Any]:
     except (CniError, OSError) as err:  # its own bookkeeping never fails an ADD the chain accepted (a full disk, a lock)
         from cni_reaper.state import counters
 
-        log.error("the attachment was not recorded; the allocation goes on, and this attachment is judged later "
-                  "as one from before installation (libcni's cache, host-local's reservations)",
+        log.error("the attachment was not recorded (cni-reaper's own bookkeeping); the allocation goes on, and it is "
+                  "judged later as one from before installation (libcni's cache, host-local's reservations)",
                   error=getattr(err, "msg", None) or str(err),
                   fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
         counters.unrecorded(conf.stateDir)

@@ -47,10 +47,8 @@ def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Targe
             parts.add("forward")
     from cni_reaper.reap.engine import del_targets
 
-    targets = del_targets(record, conf, view, inv.netns, same, frozenset(parts))
-    if targets is None:  # out of this process's reach: its tombstone asks a sweep that reaches them (verify)
-        log.info("nothing of this attachment removed before the plugins' DEL; left for a sweep")
-    return targets
+    # None: out of this process's reach (logged): its tombstone asks a sweep that reaches them (verify)
+    return del_targets(record, conf, view, inv.netns, same, frozenset(parts))
 
 
 def _finished(record: Record, outcome: Outcome | None, extra: list[Target]) -> bool:
