@@ -263,7 +263,7 @@ def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(m
     from cni_reaper.reap.holders import PortMap
     from cni_reaper.reap.netfilter.nftables import backend
     from cni_reaper.state.journal import Removed
-    from cni_reaper.tools import undo
+    from cni_reaper.reap import undo
 
     added: list = []
 

@@ -62,7 +62,7 @@ def test_a_failed_transaction_puts_back_none_of_its_rules_and_says_why(monkeypat
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.nftables import backend
     from cni_reaper.state.journal import Removed
-    from cni_reaper.tools import undo
+    from cni_reaper.reap import undo
 
     class Nft:
         def read(self):
@@ -91,7 +91,7 @@ def test_a_journaled_native_rule_broader_than_the_plugins_make_is_not_put_back(m
     every packet once added back; undo refuses it."""
     from cni_reaper.reap.netfilter.nftables import backend
     from cni_reaper.state.journal import Removed
-    from cni_reaper.tools import undo
+    from cni_reaper.reap import undo
 
     added: list = []
 

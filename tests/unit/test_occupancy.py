@@ -1,4 +1,4 @@
-"""netns.Occupancy, the one look at who holds network namespaces (tools/nomad_word.py), against this process's
+"""netns.Occupancy, the one look at who holds network namespaces (reap/word.py), against this process's
 own /proc: a thread that entered a namespace, a descriptor of one, and a descriptor it must never stat (a file
 on a FUSE mount that does not answer would hold the sweep: only descriptors that read as a namespace or as a
 file in a netns directory looked at are)."""

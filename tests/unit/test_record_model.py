@@ -133,9 +133,12 @@ OTHER_DOCUMENTS = {
     "reap/netfilter/nftables/rules.py": "nft's JSON rules",
     "state/index.py": "the index's own parts",
     "state/journal.py": "journal items",
-    "tools/undo.py": "journal items",
-    "tools/cli.py": "`list`'s own items and journal items",
+    "reap/undo.py": "journal items",
+    "tools/cmd_list.py": "`list`'s own items",
+    "tools/cmd_journal.py": "journal items",
+    "tools/cmd_undo.py": "journal items",
     "tools/conflists.py": "conflists",
+    "tools/context.py": "the CLI's flags, as configuration keys",
     "tools/doctor.py": "conflists",
     "verbs/gc.py": "GC's valid attachments",
     "wrap/wrapper.py": "the CNI configuration",
@@ -143,7 +146,7 @@ OTHER_DOCUMENTS = {
 # a key only a record has, spelled so for another thing
 NOT_RECORDS = {
     ("reap/cleanup.py", "reservation"): "a part of a clean-up's target (targets.PARTS)",
-    ("tools/undo.py", "reservation"): "a journal item's kind",
+    ("reap/undo.py", "reservation"): "a journal item's kind",
 }
 
 

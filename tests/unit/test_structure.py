@@ -131,6 +131,14 @@ def test_the_verbs_reach_the_pipeline_through_the_engine_alone():
     assert reached == {"cni_reaper.reap.engine", "cni_reaper.reap.probes"}, reached
 
 
+def test_the_commands_and_the_wrapper_reach_reap_through_two_modules():
+    """Issue 42: a command of tools/ runs the engine (judging, cleaning, putting back, the scheduler's word) and
+    reads the host through reap/inspect.py; wrap/ runs the verbs; neither assembles a piece of a pass."""
+    reached = {d for m in in_package("cni_reaper.tools") for d in GRAPH[m] if d.startswith("cni_reaper.reap")}
+    assert reached == {"cni_reaper.reap.engine", "cni_reaper.reap.inspect"}, reached
+    assert not {d for m in in_package("cni_reaper.wrap") for d in GRAPH[m] if d.startswith("cni_reaper.reap")}
+
+
 def test_the_judge_imports_nothing_that_touches_the_kernel_or_files():
     """judge/ is facts in, a verdict out (issue 42): it imports only itself (and typing, for the checker)."""
     found = {}
@@ -189,20 +197,10 @@ COMPLEX: dict[str, int] = {
     "cni_reaper.state.record._life_problem": 15,
     "cni_reaper.state.record.life": 14,
     "cni_reaper.state.record.parse_time": 14,
-    "cni_reaper.tools.cli._doctor_leaks": 13,
-    "cni_reaper.tools.cli._doctor_networks": 14,
-    "cni_reaper.tools.cli._orphans": 13,
-    "cni_reaper.tools.cli._print_sweep": 14,
-    "cni_reaper.tools.cli._print_undo": 15,
-    "cni_reaper.tools.cli.cmd_journal": 13,
-    "cni_reaper.tools.cli.cmd_metrics": 15,
-    "cni_reaper.tools.cli.cmd_sweep": 15,
-    "cni_reaper.tools.cli.cmd_undo": 13,
-    "cni_reaper.tools.doctor.check_records": 14,
-    "cni_reaper.tools.nomad_word.verdicts": 14,
-    "cni_reaper.tools.undo._IptablesPlan._conflict": 14,
-    "cni_reaper.tools.undo._iptables_family": 15,
-    "cni_reaper.tools.undo.damaged": 15,
+    "cni_reaper.reap.word.verdicts": 14,
+    "cni_reaper.reap.undo._IptablesPlan._conflict": 14,
+    "cni_reaper.reap.undo._iptables_family": 15,
+    "cni_reaper.reap.undo.damaged": 15,
 }
 BOUND = 12
 

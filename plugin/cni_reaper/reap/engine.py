@@ -20,12 +20,16 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from typing import Any
 
     from cni_reaper.judge.modes import ModeSources
+    from cni_reaper.reap.hostlocal import Keeping
     from cni_reaper.reap.outcome import Outcome
+    from cni_reaper.reap.scheduler import Word
     from cni_reaper.reap.targets import Target
+    from cni_reaper.reap.undo import Report
+    from cni_reaper.reap.word import Asked, Said
     from cni_reaper.state.record import Life, Record
     from cni_reaper.state.store import Store
     from cni_reaper.values import Key
@@ -183,3 +187,71 @@ def operator_pass(store: Store | None, conf: Any, records: list[Record], view: V
     sel = select(records, view, confs, conf, only_network=only_network, verdicts=verdicts)
     sel.extra = list(extra or ())
     return sweep(store, conf, sel, dry_run=dry_run, modes=modes)
+
+
+def outcome() -> Outcome:
+    """An empty outcome, for a command that adds up several passes."""
+    from cni_reaper.reap.outcome import Outcome
+
+    return Outcome()
+
+
+def keeping(data_dir: str = "", subnets: Iterable[str] = ()) -> Keeping:
+    """Where a conflist says host-local keeps a network's addresses ("": not host-local, or not known)."""
+    from cni_reaper.reap.hostlocal import Keeping
+
+    return Keeping(data_dir, subnets)
+
+
+def orphans_of(conf: Any, records: list[Record], network: str | None, said: Keeping | None, view: View) -> list[Target]:
+    """The operator's orphan selection: the tagged attachments of `network` (None: of every network) with no
+    record that libcni's cache or host-local proves dead. `said`: where the network's conflist says host-local
+    keeps it (None: a network cni-reaper wraps, Nomad's bridge, host-local's where its records saw it); a
+    conflist that names another directory than the records saw makes its reservations prove nothing."""
+    from cni_reaper.reap import orphans
+    from cni_reaper.reap.hostlocal import Keeping
+    from cni_reaper.state.record import ips, network_dir
+
+    recorded: dict[tuple[str, str], set[str]] = {}
+    for r in records:
+        recorded.setdefault((r.network, r.container_id), set()).update(ips(*r.lives))
+    if not network:
+        return orphans.proven_dead(conf, recorded, view, network)
+    seen = network_dir(records, network)
+    if said is None:
+        said = Keeping(seen, {ip.cidr for r in records if r.network == network for life in r.lives for ip in life.ips})
+    elif seen and seen != said.data_dir:
+        view.note(f"host-local's directory of {network} is {said.data_dir or 'not host-local'} in its conflist, "
+                  f"{seen} in its records: its reservations prove nothing")
+        said = Keeping()
+    return orphans.proven_dead(conf, recorded, view, network, said)
+
+
+def ask_word(args: Any, records: Callable[[], list[Record]], view: View) -> Asked | None:
+    """The scheduler's word on the allocations the records name, asked before any state lock (reap/word.py)."""
+    from cni_reaper.reap import word
+
+    return word.ask(args, records, view)
+
+
+def word_verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool, args: Any,
+                  modes: ModeSources | None = None, store: Store | None = None) -> Said:
+    """The verdicts of the records the word proves over (reap/word.verdicts), under the state lock."""
+    from cni_reaper.reap import word
+
+    return word.verdicts(asked, records, view, apply, args, modes, store)
+
+
+def nomad_connection(args: Any) -> tuple[Word, str] | None:
+    """The local Nomad agent's word on nothing, and its address: whether it answers (doctor); None: not configured."""
+    from cni_reaper.reap import word
+
+    return word.asked_of(args, set)
+
+
+def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dict[str, Any], cache_dir: str) -> Report:
+    """Put back what the journal says was removed for `cid`, but what something live holds (reap/undo.py); the
+    caller holds the state lock."""
+    from cni_reaper.reap import undo as putting_back
+
+    return putting_back.undo(store, cid, dry_run, data_dirs, confs, cache_dir)

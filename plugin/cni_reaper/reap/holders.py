@@ -1,5 +1,5 @@
 """What a rule names and who maps a host port now, asked by whatever puts back what a clean-up removed
-(tools/undo.py) and by an ADD's look at its host ports: the addresses a rule names and the host ports it maps,
+(reap/undo.py) and by an ADD's look at its host ports: the addresses a rule names and the host ports it maps,
 read from parsed rules (iptables' saved text through `iptables.rules.parse_rule`, native rules through
 `nftables.rules.parse_rule`), both families, and the hostport DNAT chains as they are now, both worlds. Who
 holds an address is the holdings' one answer (claims.Holdings, Others for undo).

@@ -10,7 +10,7 @@ client (its `stats.client.node_id` is the node ID that client keeps in `<its sta
   know it (a list alone proves no absence: a token without a namespace's rights sees a shorter list); this
   only of an attachment whose netns path Nomad named after the allocation (another runtime's container with
   an ID of the same shape is no forgotten allocation).
-A process in the namespace outweighs the word (tools/nomad_word.py): Nomad reports an allocation `failed`
+A process in the namespace outweighs the word (reap/word.py): Nomad reports an allocation `failed`
 while a sibling task is still within its kill timeout, and servers mark `lost` a client that still runs it.
 Nothing else proves anything: an error, a timeout, a redirect (never followed), an agent that is a server only
 or another host's client, a list that names another node, an allocation placed after the list was read (a

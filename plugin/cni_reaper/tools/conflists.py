@@ -68,11 +68,11 @@ class Network:
         """Where host-local keeps every address of this network, when host-local is the chain's only IPAM (no
         data dir otherwise: another IPAM keeps no reservations to show who holds what), and the subnets of its
         ranges."""
-        from cni_reaper.reap.hostlocal import Keeping
+        from cni_reaper.reap.engine import keeping
 
         dirs = self.host_local_dirs()
         if not dirs or len(dirs) != len(self.ipams()):
-            return Keeping()
+            return keeping()
         subnets = []
         for ipam in self.ipams():
             v = pick(ipam, ("subnet", "ranges"))
@@ -81,7 +81,7 @@ class Network:
             for r in (r for rs in sets if isinstance(rs, list) for r in rs if isinstance(r, dict)):
                 subnet = pick(r, ("subnet",)).get("subnet")
                 subnets += [subnet] if isinstance(subnet, str) else []
-        return Keeping(dirs[0], subnets)
+        return keeping(dirs[0], subnets)
 
     def raw_conf(self) -> dict:
         """cni-reaper's entry as libcni hands it over: with the list's name and cniVersion."""

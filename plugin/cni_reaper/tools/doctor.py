@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from cni_reaper import PLUGIN_NAME
 from cni_reaper.cni import versions
 from cni_reaper.gojson import pick
-from cni_reaper.reap.netfilter import flavour
+from cni_reaper.reap import inspect
 from cni_reaper.tools.conflists import Network, Scan
 
 TYPE_CHECKING = False
@@ -101,7 +101,7 @@ def plugin_versions(binary: str, version: str) -> list[str] | None:
     """The CNI versions a plugin says it speaks (CNI VERSION, as libcni asks); None when it does not answer."""
     import json
 
-    env = {"CNI_COMMAND": "VERSION", "PATH": os.environ.get("PATH", flavour.FALLBACK_PATH)}
+    env = {"CNI_COMMAND": "VERSION", "PATH": os.environ.get("PATH", inspect.FALLBACK_PATH)}
     try:
         proc = subprocess.run([binary], input=json.dumps({"cniVersion": version or versions.IMPLICIT}), env=env,
                               capture_output=True, text=True, timeout=VERSION_TIMEOUT, check=False)
@@ -237,32 +237,38 @@ def check_log_file(network: str, path: str) -> Finding:
     return Finding(OK, "log-file", network, f"{path} is writable")
 
 
+def _record_warnings() -> list[tuple[frozenset[str], str, str]]:
+    """What doctor says of records in each state that waits on something, worst first: (the states, what is
+    wrong, with {n} records, {dir} and {why} the first one's, what to do)."""
+    from cni_reaper.judge.verdict import DEAD, EXPIRED, HELD, LEFT, UNKNOWN
+
+    return [
+        (frozenset({UNKNOWN}), "{n} record(s) in {dir} cannot be judged from here: {why}",
+         "run doctor and sweeps where the runtime runs (the host's mount and network namespaces, /proc mounted); "
+         "nothing is removed for what cannot be judged"),
+        (frozenset({DEAD, EXPIRED}), "{n} dead attachment(s) in {dir} wait for a sweep ({live} live)",
+         "the next CNI call on this client cleans them, or now: cni-reaper sweep --apply"),
+        (frozenset({HELD}), "{n} dead attachment(s) in {dir} keep a leftover that something not ours holds: {why}",
+         "remove what holds it (the foreign rule), then cni-reaper sweep --apply (the next CNI calls look again on "
+         "their own, at most hourly)"),
+        (frozenset({LEFT}), "{n} dead attachment(s) in {dir} left for the runtime's DEL or GC: {why}",
+         "nothing removes them but the runtime's DEL or GC (Nomad: stop the allocation); or remove them by hand "
+         "(cni-reaper list shows which)"),
+    ]
+
+
 def check_records(state_dir: str, networks: list[str], states: list[tuple[str, str]]) -> Finding:
-    from cni_reaper.judge.verdict import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
+    from cni_reaper.judge.verdict import LIVE
 
     label = ", ".join(networks)
     if not os.path.isdir(state_dir):
         return Finding(OK, "dead-records", label, f"no records yet in {state_dir}")
-    dead = sum(s in (DEAD, EXPIRED) for s, _ in states)
     live = sum(s == LIVE for s, _ in states)
-    unknown = [why for s, why in states if s == UNKNOWN]
-    if unknown:
-        return Finding(WARN, "dead-records", label, f"{len(unknown)} record(s) in {state_dir} cannot be judged from "
-                       f"here: {unknown[0]}", "run doctor and sweeps where the runtime runs (the host's mount and "
-                       "network namespaces, /proc mounted); nothing is removed for what cannot be judged")
-    if dead:
-        return Finding(WARN, "dead-records", label, f"{dead} dead attachment(s) in {state_dir} wait for a sweep "
-                       f"({live} live)", "the next CNI call on this client cleans them, or now: cni-reaper sweep --apply")
-    held = [why for s, why in states if s == HELD]
-    if held:
-        return Finding(WARN, "dead-records", label, f"{len(held)} dead attachment(s) in {state_dir} keep a leftover "
-                       f"that something not ours holds: {held[0]}", "remove what holds it (the foreign rule), then "
-                       "cni-reaper sweep --apply (the next CNI calls look again on their own, at most hourly)")
-    left = [why for s, why in states if s == LEFT]
-    if left:
-        return Finding(WARN, "dead-records", label, f"{len(left)} dead attachment(s) in {state_dir} left for the "
-                       f"runtime's DEL or GC: {left[0]}", "nothing removes them but the runtime's DEL or GC (Nomad: "
-                       "stop the allocation); or remove them by hand (cni-reaper list shows which)")
+    for which, msg, hint in _record_warnings():
+        whys = [why for s, why in states if s in which]
+        if whys:
+            return Finding(WARN, "dead-records", label, msg.format(n=len(whys), dir=state_dir, why=whys[0], live=live),
+                           hint)
     return Finding(OK, "dead-records", label,
                    f"no dead records in {state_dir} ({live} live, {len(states) - live} torn down)")
 
@@ -289,9 +295,6 @@ def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
     """What this process sees of the host as the runtime does: /proc, the netns directories of the records,
     libcni's cache (whose results directory libcni makes at its first ADD: missing before any record is
     normal), host-local's directories."""
-    from cni_reaper.reap import cache
-    from cni_reaper.reap.hostlocal import holds_any
-
     out = []
     if view.host.problem:
         out.append(Finding(FAIL, "host-view", "", f"{view.host.problem}: no attachment can be judged",
@@ -303,20 +306,25 @@ def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
         out.append(Finding(OK, "host-view", "", "/proc and every recorded netns directory are seen as the runtime "
                            "sees them"))
     for conf in {c.cniCacheDir: c for c in confs}.values():
-        problem = cache.view(conf.cniCacheDir)
-        fresh = not recorded and not holds_any(conf.ipamDataDir)  # no runtime has added anything yet
-        if problem and fresh and not os.path.exists(cache.results_dir(conf.cniCacheDir)):
-            out.append(Finding(OK, "cni-cache", "", f"libcni's cache {cache.results_dir(conf.cniCacheDir)} is not made "
-                               "yet (libcni makes it at the first ADD; nothing is recorded or reserved yet)"))
-        elif problem:
-            out.append(Finding(WARN, "cni-cache", "", f"{problem}: finished DELs are told only by their netns, and "
-                               "`sweep --orphans` proves no attachment dead", "set cniCacheDir to the runtime's libcni "
-                               "cache directory (Nomad, containerd, Podman: /var/lib/cni)"))
-        else:
-            out.append(Finding(OK, "cni-cache", "", f"libcni's cache {cache.results_dir(conf.cniCacheDir)} is readable"))
+        out.append(_check_cache(conf, recorded))
     for conf in confs:
         out += _symlinked_ipam(conf)
     return out
+
+
+def _check_cache(conf, recorded: int) -> Finding:
+    """Whether libcni's cache can be read (missing is normal before any runtime added anything)."""
+    problem = inspect.cache_problem(conf.cniCacheDir)
+    results = inspect.results_dir(conf.cniCacheDir)
+    fresh = not recorded and not inspect.holds_any(conf.ipamDataDir)  # no runtime has added anything yet
+    if problem and fresh and not os.path.exists(results):
+        return Finding(OK, "cni-cache", "", f"libcni's cache {results} is not made yet (libcni makes it at the first "
+                       "ADD; nothing is recorded or reserved yet)")
+    if problem:
+        return Finding(WARN, "cni-cache", "", f"{problem}: finished DELs are told only by their netns, and "
+                       "`sweep --orphans` proves no attachment dead", "set cniCacheDir to the runtime's libcni "
+                       "cache directory (Nomad, containerd, Podman: /var/lib/cni)")
+    return Finding(OK, "cni-cache", "", f"libcni's cache {results} is readable")
 
 
 def _symlinked_ipam(conf) -> list[Finding]:
@@ -336,7 +344,7 @@ def check_iptables(backend: str) -> list[Finding]:
     out = []
     found = {}
     for family in (4, 6):
-        name, why = flavour.detect(backend, family=family)
+        name, why = inspect.detect(backend, family=family)
         found[family] = name
         if name is None:
             out.append(Finding(WARN if family == 6 else FAIL, "iptables", "", f"ipv{family}: {why}",
@@ -347,62 +355,24 @@ def check_iptables(backend: str) -> list[Finding]:
         if name is None:
             continue
         other = "legacy" if name == "nft" else "nft"
-        stranded = _cni_chains_in(other, family)
+        stranded = inspect.stranded_cni_chains(other, family)
         if stranded:
             out.append(Finding(WARN, "iptables", "", f"ipv{family}: the {other} tables hold {stranded} CNI chain(s), "
-                               f"but {flavour.tool(family)} is now {name}: the plugins and cni-reaper no longer see them",
-                               f"inspect with {flavour.tool(family)}-{other}-save -t nat; remove what belongs to no "
+                               f"but {inspect.tool(family)} is now {name}: the plugins and cni-reaper no longer see them",
+                               f"inspect with {inspect.tool(family)}-{other}-save -t nat; remove what belongs to no "
                                "allocation, or switch back with update-alternatives"))
     return out
 
 
-def _cni_chains_in(which: str, family: int) -> int:
-    """How many CNI-* chains the nat table of the other flavour holds; 0 without running anything when that
-    flavour has no nat table (no module is loaded, no table made)."""
-    tool = f"{flavour.tool(family)}-{which}-save"
-    binary = flavour.which(tool)
-    if binary is None:
-        return 0
-    if which == "legacy":
-        names = "/proc/net/ip_tables_names" if family == 4 else "/proc/net/ip6_tables_names"
-        try:
-            with open(names) as f:
-                if "nat" not in f.read().split():
-                    return 0
-        except OSError:
-            return 0
-    else:
-        from cni_reaper.reap.netfilter.interface import BackendError
-        from cni_reaper.reap.netfilter.nftables.backend import NftBackend
-
-        try:
-            if ("ip" if family == 4 else "ip6", "nat") not in NftBackend().tables():
-                return 0
-        except BackendError:
-            return 0
-    try:
-        text = subprocess.run([binary, "-t", "nat"], capture_output=True, text=True, timeout=30, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in text.splitlines() if line.startswith(":CNI-"))
-
-
 def check_nftables() -> Finding:
-    from cni_reaper.reap.netfilter.interface import BackendError
-    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
-    from cni_reaper.reap.netfilter.nftables.rules import TABLES
-
-    nft = NftBackend()
-    if not nft.binary:
+    present, problem = inspect.native_tables()
+    if present is None:
         return Finding(OK, "nftables", "", "no nft binary: the plugins cannot make native nftables rules here")
-    try:
-        present = nft.tables()
-    except BackendError as exc:
-        return Finding(WARN, "nftables", "", f"the nftables tables cannot be listed: {exc}",
+    if problem:
+        return Finding(WARN, "nftables", "", f"the nftables tables cannot be listed: {problem}",
                        "run as root; native rules of plugins 1.6+ cannot be cleaned until this works")
-    native = [f"{f} {n}" for f, n in TABLES if (f, n) in present]
-    if native:
-        return Finding(OK, "nftables", "", f"native tables of plugins 1.6+ present: {', '.join(native)} (cleaned too)")
+    if present:
+        return Finding(OK, "nftables", "", f"native tables of plugins 1.6+ present: {', '.join(present)} (cleaned too)")
     return Finding(OK, "nftables", "", "no native tables of plugins 1.6+ (they appear with the nftables backend)")
 
 
@@ -502,3 +472,21 @@ def check_mode(network: str, mode: str, source: str | None) -> Finding:
                        "nothing is removed", f'set "mode": "clean" in {source or "the settings"} once the log shows only '
                        "what should go", source or "")
     return Finding(OK, "mode", network, "clean mode: dead attachments' leftovers are removed", source=source or "")
+
+
+def check_nomad(args) -> list[Finding]:
+    """doctor's look at the connection to Nomad, when one is configured: reachable (TLS and all), the
+    token's rights, the agent this host's client."""
+    from cni_reaper.reap.engine import nomad_connection
+
+    asked = nomad_connection(args)
+    if asked is None:
+        return []
+    word, address = asked
+    if word.problems:
+        return [Finding(FAIL, "nomad", "", "; ".join(word.problems),
+                        f"set NOMAD_ADDR, the TLS settings and a token with {inspect.NOMAD_RIGHTS} (README, "
+                        "\"The scheduler's word\"); until then sweep --nomad removes nothing on Nomad's word")]
+    return [Finding(OK, "nomad", "", f"{address} is this host's Nomad client (node {word.node}) and the token may "
+                    "list its allocations: sweep --nomad also removes what allocations Nomad says are over leave "
+                    "behind")]

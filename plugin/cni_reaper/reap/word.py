@@ -13,9 +13,9 @@ import os
 import time
 
 from cni_reaper import log
+from cni_reaper.judge.verdict import DEAD, Verdict
 from cni_reaper.reap import netns, nomad, probes, scheduler
-from cni_reaper.reap.engine import DEAD, Verdict, life
-from cni_reaper.reap.evidence import Facts
+from cni_reaper.reap.evidence import Facts, judge_life
 from cni_reaper.state.journal import Journal
 
 TYPE_CHECKING = False
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.judge.modes import ModeSources
-    from cni_reaper.reap.engine import View
+    from cni_reaper.reap.evidence import View
     from cni_reaper.reap.scheduler import Word
     from cni_reaper.state.record import Record
     from cni_reaper.values import Key
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 REMOVE_ENV = "CNI_REAPER_NOMAD_REMOVE_NETNS"
 
 
-def _asked(args: Any, wanted: Callable[[], set[str]]) -> tuple[Word, str] | None:
+def asked_of(args: Any, wanted: Callable[[], set[str]]) -> tuple[Word, str] | None:
     if not nomad.enabled(os.environ, getattr(args, "nomad", False)):
         return None
     try:
@@ -51,7 +51,7 @@ def ask(args: Any, records: Callable[[], list[Record]], view: View) -> Asked | N
         glanced.extend(records())
         return {r.container_id for r in glanced}
 
-    asked = _asked(args, wanted)
+    asked = asked_of(args, wanted)
     if asked is None:
         return None
     word = asked[0]
@@ -72,24 +72,6 @@ class Asked:
         over = [r for r in glanced if _says(word, r) is not None]
         dirs = frozenset(os.path.realpath(os.path.dirname(r.current.netns)) for r in over)
         self.occupancy = netns.Occupancy(dirs) if over else None
-
-
-def doctor_findings(args: Any) -> list[Any]:
-    """doctor's look at the connection to Nomad, when one is configured: reachable (TLS and all), the
-    token's rights, the agent this host's client."""
-    from cni_reaper.tools import doctor
-
-    asked = _asked(args, set)
-    if asked is None:
-        return []
-    word, address = asked
-    if word.problems:
-        return [doctor.Finding(doctor.FAIL, "nomad", "", "; ".join(word.problems),
-                               f"set NOMAD_ADDR, the TLS settings and a token with {scheduler.RIGHTS} (README, "
-                               "\"The scheduler's word\"); until then sweep --nomad removes nothing on Nomad's word")]
-    return [doctor.Finding(doctor.OK, "nomad", "", f"{address} is this host's Nomad client (node {word.node}) and "
-                           "the token may list its allocations: sweep --nomad also removes what allocations Nomad "
-                           "says are over leave behind")]
 
 
 class Said:
@@ -157,7 +139,7 @@ def _judged(r: Record, why: str, view: View, occupancy: netns.Occupancy, said: S
     """The verdict on one record the word proves over (None: a process is in its namespace); with `store`,
     its namespace mount is removed first, when nothing else holds it."""
     f = Facts.of_life(r.current)
-    seen = life(r.current, view)  # before any removal: a removal that failed half-way changes this view only
+    seen = _life(r, view)  # before any removal: a removal that failed half-way changes this view only
     if seen.state != DEAD:  # dead by the host's own evidence: its namespace is gone, its number may be another's
         why_not = _occupied(f, occupancy)
         if why_not is not None:
@@ -166,8 +148,13 @@ def _judged(r: Record, why: str, view: View, occupancy: netns.Occupancy, said: S
             return None
     if store is not None and _pinned_here(f) and _remove_netns(r, f, view, store, occupancy):
         said.namespaces[(r.network, "namespaces")] = said.namespaces.get((r.network, "namespaces"), 0) + 1
-        seen = life(r.current, view)
+        seen = _life(r, view)
     return _verdict(why, seen)
+
+
+def _life(r: Record, view: View) -> Verdict:
+    """The verdict on the record's current life by the host's own evidence."""
+    return Verdict(*judge_life(Facts.of_life(r.current), view))
 
 
 def _occupied(f: Facts, occupancy: netns.Occupancy) -> str | None:

@@ -1,6 +1,7 @@
-"""`cni-reaper undo CONTAINER_ID`: put back what clean-ups removed for that container, as the journal says it
-was (state/journal.py): iptables rules at their positions in their chains, in the flavour and family they
-were in; chains with their rules; native nftables rules; host-local reservation files with their content;
+"""`cni-reaper undo CONTAINER_ID` (through reap/engine.py): put back what clean-ups removed for that container,
+as the journal says it was (state/journal.py): iptables rules at their positions in their chains, in the
+flavour and family they were in; chains with their rules; native nftables rules; host-local reservation
+files with their content;
 libcni's cached result as it was; the record. What something live now holds is never put back, and undo
 says what stands in the way:
 
@@ -73,8 +74,9 @@ def undo(store: Store, cid: str, dry_run: bool, data_dirs: list[str], confs: dic
     """Put back what the journal says was removed for `cid` (the caller holds the state lock). `confs` (network ->
     its configuration) and `cache_dir`: what the records are judged with, as `list` and the sweep judge them."""
     from cni_reaper.reap.claims import Holdings
-    from cni_reaper.reap.engine import View, holdings
+    from cni_reaper.reap.evidence import View
     from cni_reaper.reap.hostlocal import locked_dirs, networks_in
+    from cni_reaper.reap.sweep import holdings
     from cni_reaper.state.journal import Journal
 
     report = Report()
