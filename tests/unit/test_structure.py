@@ -183,25 +183,8 @@ def test_a_handful_of_modules_at_the_top_and_the_layers_as_packages():
                         "cni_reaper.verbs", "cni_reaper.wrap"]
 
 
-# The functions of plugin/ above a cyclomatic complexity of 12 as radon counts it (issue 42 asks for none; 36 were
-# at 13-15 on 7f8b570), each at its count today: none may grow, none may join, and one split to 12 or below
-# leaves the list.
-COMPLEX: dict[str, int] = {
-    "cni_reaper.reap.holders._native_port_values": 13,
-    "cni_reaper.reap.holders.mapped_now": 15,
-    "cni_reaper.reap.netfilter.domain.domains": 15,
-    "cni_reaper.reap.netfilter.iptables.plan._Builder.dnat": 13,
-    "cni_reaper.reap.netfilter.iptables.restore.SaveRestoreBackend.apply": 15,
-    "cni_reaper.reap.orphans.tagged": 13,
-    "cni_reaper.state.journal.items": 13,
-    "cni_reaper.state.record._life_problem": 15,
-    "cni_reaper.state.record.life": 14,
-    "cni_reaper.state.record.parse_time": 14,
-    "cni_reaper.reap.word.verdicts": 14,
-    "cni_reaper.reap.undo._IptablesPlan._conflict": 14,
-    "cni_reaper.reap.undo._iptables_family": 15,
-    "cni_reaper.reap.undo.damaged": 15,
-}
+# Issue 42: no function of plugin/ above a cyclomatic complexity of 12 as radon counts it (36 were at 13-15 on
+# 7f8b570, 24 after the judge moved out; none now).
 BOUND = 12
 
 
@@ -217,12 +200,11 @@ def _complexities() -> dict[str, int]:
     return out
 
 
-def test_no_function_grows_past_a_cyclomatic_complexity_of_12():
+def test_no_function_is_past_a_cyclomatic_complexity_of_12():
     found = _complexities()
-    over = {name: n for name, n in found.items() if n > max(BOUND, COMPLEX.get(name, 0))}
-    assert not over, f"split these (radon cc over {BOUND}, or over their count in COMPLEX): {over}"
-    stale = {name: (COMPLEX[name], found.get(name)) for name in COMPLEX if found.get(name, 0) < COMPLEX[name]}
-    assert not stale, f"lower or drop these in COMPLEX (simpler now, or gone): {stale}"
+    assert len(found) > 500  # every function and method of plugin/ was read
+    over = {name: n for name, n in found.items() if n > BOUND}
+    assert not over, f"split these (radon cc over {BOUND}): {over}"
 
 
 def test_no_function_is_over_50_lines():

@@ -109,15 +109,18 @@ def _native_match(left: Any, right: Any) -> tuple[str, list[int]]:
 
 
 def _native_port_values(right: Any) -> list[int]:
+    """The ports a dport match's right side names: a port, a set of them, a range."""
     if isinstance(right, int) and not isinstance(right, bool):
         return [right]
-    if isinstance(right, dict) and isinstance(right.get("set"), list):
+    if not isinstance(right, dict):
+        return []
+    if isinstance(right.get("set"), list):
         return [p for v in right["set"] for p in _native_port_values(v)]
-    if isinstance(right, dict) and isinstance(right.get("range"), list) and len(right["range"]) == 2:
-        low, high = right["range"]
-        if isinstance(low, int) and isinstance(high, int) and 0 <= high - low < 65536:
-            return list(range(low, high + 1))
-    return []
+    span = right.get("range")
+    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span)):
+        return []
+    low, high = span
+    return list(range(low, high + 1)) if 0 <= high - low < 65536 else []
 
 
 # -- who maps a host port now -----------------------------------------------------------------------------
@@ -274,24 +277,14 @@ def mapped_now(backend: str, families: set[int]) -> PortMap:
     setting's iptables flavour in `families` (its save tool, not python-iptables: loading libiptc costs more
     than the save) and the plugins' native hostport tables of those families (a connection to a host port
     over IPv4 meets IPv4's DNAT only), all read at once. What cannot be read is `blind`."""
-    from cni_reaper.reap.netfilter import flavour, processes
+    from cni_reaper.reap.netfilter import processes
     from cni_reaper.reap.netfilter.interface import BackendError
-    from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
     from cni_reaper.reap.netfilter.iptables.rules import parse_save
     from cni_reaper.reap.netfilter.nftables.backend import NftBackend
     from cni_reaper.reap.netfilter.nftables.rules import HOSTPORT_TABLES
 
     pm = PortMap()
-    argvs, saves = [], []
-    for family in sorted(families):
-        found, why = flavour.detect(backend, family=family)
-        try:
-            if found is None:
-                raise BackendError(why)
-            argvs.append(SaveRestoreBackend(found).save_argv(family, "nat"))
-            saves.append(family)
-        except BackendError as exc:
-            pm.blind.append(f"ipv{family} iptables: {exc}")
+    argvs, saves = _save_argvs(backend, families, pm)
     nft = NftBackend()
     tables = tuple(t for t in HOSTPORT_TABLES if (6 if t[0] == "ip6" else 4) in families)  # a family's own DNAT
     listings = [[nft.binary, *argv] for argv in nft.listings(tables)] if nft.binary else []
@@ -310,6 +303,26 @@ def mapped_now(backend: str, families: set[int]) -> PortMap:
     except BackendError as exc:
         pm.blind.append(f"native tables: {exc}")
     return pm
+
+
+def _save_argvs(backend: str, families: set[int], pm: PortMap) -> tuple[list[list[str]], list[int]]:
+    """The save commands of the nat table of each family's iptables flavour (the `backend` setting's), and their
+    families; a family whose flavour is not here is blind in `pm`."""
+    from cni_reaper.reap.netfilter import flavour
+    from cni_reaper.reap.netfilter.interface import BackendError
+    from cni_reaper.reap.netfilter.iptables.restore import SaveRestoreBackend
+
+    argvs, saves = [], []
+    for family in sorted(families):
+        found, why = flavour.detect(backend, family=family)
+        try:
+            if found is None:
+                raise BackendError(why)
+            argvs.append(SaveRestoreBackend(found).save_argv(family, "nat"))
+            saves.append(family)
+        except BackendError as exc:
+            pm.blind.append(f"ipv{family} iptables: {exc}")
+    return argvs, saves
 
 
 def _chain_of(saved: str, chain: str) -> str:

@@ -57,11 +57,17 @@ def tagged(backend: str) -> dict[tuple[str, str], set[str]]:
             continue  # no ip6tables: no IPv6 rules
         for owner, addresses in tagged_networks(b.read(family)).items():
             found.setdefault(owner, set()).update(addresses)
-    for cid, addresses in hostport_owners(rules).items():  # portmap's native rules name no network: an address
-        for ip in addresses:  # goes with the one network whose tags of the container name it, else none
+    _add_hostport_owners(found, hostport_owners(rules))
+    return found
+
+
+def _add_hostport_owners(found: dict[tuple[str, str], set[str]], owners: dict[str, set[str]]) -> None:
+    """portmap's native rules name no network: each address they map to goes with the one network whose tags
+    of the container name it, else with none (UNNAMED)."""
+    for cid, addresses in owners.items():
+        for ip in addresses:
             nets = [n for (n, c), tagged_ips in found.items() if c == cid and n != UNNAMED and ip in tagged_ips]
             found.setdefault((nets[0] if len(nets) == 1 else UNNAMED, cid), set()).add(ip)
-    return found
 
 
 def _tags(backend: str) -> dict[tuple[str, str], set[str]] | None:

@@ -208,15 +208,22 @@ def damaged(item: dict[str, Any]) -> str | None:
         if not ok(item.get(field)):
             return f"{field} is missing or not what it should be"
     if item["kind"] == "iptables":
-        if item["op"] == "chain":
-            if not (isinstance(item.get("rules"), list) and all(_text(r) for r in item["rules"])):
-                return "rules is not a list of rules"
-        elif not _text(item.get("spec")):
-            return "spec is missing or not one line"
-        if not isinstance(item.get("index", 0), int) or isinstance(item.get("index", 0), bool) or item.get("index", 0) < 0:
-            return "index is not a position"
+        return _iptables_damage(item)
     if item["kind"] == "reservation" and not isinstance(item.get("mode", 0o600), int):
         return "mode is not a file mode"
+    return None
+
+
+def _iptables_damage(item: dict[str, Any]) -> str | None:
+    """What is wrong with a journaled iptables item beyond its fields' shapes (None: nothing)."""
+    if item["op"] == "chain":
+        if not (isinstance(item.get("rules"), list) and all(_text(r) for r in item["rules"])):
+            return "rules is not a list of rules"
+    elif not _text(item.get("spec")):
+        return "spec is missing or not one line"
+    index = item.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return "index is not a position"
     return None
 
 
@@ -311,14 +318,7 @@ def _iptables_family(family: int, flavour: str, entries: list[Removed], checks: 
             report.no(e, f"ipv{family} {flavour} tables cannot be read: {exc}")
         return
     plan = _IptablesPlan(tables, checks)
-    chains = [e for e in entries if e.item["op"] == "chain"]
-    rules = sorted((e for e in entries if e.item["op"] != "chain"), key=lambda e: e.item.get("index", 0))
-    plan.removed = {(e.item["table"], e.item["chain"]): set(e.item["rules"]) for e in chains}
-    plan.candidates = {(e.item["table"], e.item["chain"]) for e in chains if plan.chain_ok(e) is None}
-    for e in rules:
-        plan.take(e, report)
-    for e in chains:  # a chain comes back with a jump to it, never alone
-        plan.take(e, report)
+    plan.plan(entries, report)
     if plan.ops and not dry_run:
         try:
             backend.apply(family, plan.ops)  # the clean-up's backend: a put-back is a plan applied
@@ -339,6 +339,16 @@ class _IptablesPlan:
         self.inserted: dict[tuple[str, str], int] = {}
         self.entries: list[Removed] = []
         self.taken: set[tuple[str, str, str, Any]] = set()  # (table, chain, op, spec) of what is put back
+
+    def plan(self, entries: list[Removed], report: Report) -> None:
+        """Take each item that may be put back: the rules in their positions' order, then the chains (a chain
+        comes back with a jump to it, never alone)."""
+        chains = [e for e in entries if e.item["op"] == "chain"]
+        rules = sorted((e for e in entries if e.item["op"] != "chain"), key=lambda e: e.item.get("index", 0))
+        self.removed = {(e.item["table"], e.item["chain"]): set(e.item["rules"]) for e in chains}
+        self.candidates = {(e.item["table"], e.item["chain"]) for e in chains if self.chain_ok(e) is None}
+        for e in rules + chains:
+            self.take(e, report)
 
     def _exists(self, table: str, chain: str) -> bool:
         t = self.tables.get(table)
@@ -413,14 +423,23 @@ class _IptablesPlan:
         if any(r.spec == spec for r in t.chains[chain]):
             return "already there"
         rule = parse_rule(chain, spec)
-        if rule.target and rule.target.startswith("CNI-") and not self._exists(table, rule.target):
-            return f"its target chain {rule.target} is not there"
-        if rule.target and self._made_again(table, rule.target):
-            return f"its target chain {rule.target} exists again (a newer life of the container has it)"
+        why = self._target_conflict(table, rule.target) if rule.target else None
+        if why:
+            return why
         if chain == IPTABLES_DNAT_CHAIN:
             ports = rule_ports(rule)
             return self.ports.shadowed(ports, iptables_owner(rule.comment)) if ports else BROADER
         return None if rule_addresses(rule) else BROADER
+
+
+    def _target_conflict(self, table: str, target: str) -> str | None:
+        """Why a rule jumping to `target` may not be put back: the chain of ours it jumps to is not there and
+        does not come back with it, or a newer life of the container made it again."""
+        if target.startswith("CNI-") and not self._exists(table, target):
+            return f"its target chain {target} is not there"
+        if self._made_again(table, target):
+            return f"its target chain {target} exists again (a newer life of the container has it)"
+        return None
 
 
 def _owner(item: dict[str, Any]) -> tuple[str, str]:

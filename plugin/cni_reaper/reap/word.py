@@ -107,16 +107,25 @@ def verdicts(asked: Asked | None, records: list[Record], view: View, apply: bool
         return said
     _count_asked(asked.word, apply, store)
     remove = apply and store is not None and _removing(args)
-    over = [(r, why) for r, why in ((r, _says(asked.word, r)) for r in records) if why is not None]
     occupancy = asked.occupancy
-    for r, why in over:
-        if occupancy is None or os.path.realpath(os.path.dirname(r.current.netns)) not in occupancy.dirs:
-            continue
+    for r, why in _over(asked, records):
+        assert occupancy is not None  # a record the word proves over was glanced at: /proc was read
         may_remove = remove and not (modes is not None and modes.observing(r.network))
         verdict = _judged(r, why, view, occupancy, said, store if may_remove else None)
         if verdict is not None:
             said.verdicts[r.key] = verdict
     return said
+
+
+def _over(asked: Asked, records: list[Record]) -> list[tuple[Record, str]]:
+    """The records the word proves over, and why, whose namespaces' directories /proc was read for (a record
+    not glanced at before the lock is left to the next sweep)."""
+    occupancy = asked.occupancy
+    if occupancy is None:
+        return []
+    over = [(r, _says(asked.word, r)) for r in records]
+    return [(r, why) for r, why in over
+            if why is not None and os.path.realpath(os.path.dirname(r.current.netns)) in occupancy.dirs]
 
 
 def _count_asked(word: Word, apply: bool, store: Any) -> None:

@@ -213,14 +213,18 @@ def items(store: Store, container_id: str | None = None) -> list[Removed]:
         if event["t"] == "intent":
             _intended(entries, event, container_id)
         elif event["t"] == "done":
-            for i in event.get("removed") or []:
-                if (event["id"], i) in entries:
-                    entries[(event["id"], i)].sure = True
+            for e in _named(entries, [[event["id"], i] for i in event.get("removed") or []]):
+                e.sure = True
         else:
-            for ref in [*(event.get("restored") or []), *(event.get("settled") or [])]:
-                if isinstance(ref, list) and len(ref) >= 2 and (ref[0], ref[1]) in entries:
-                    entries[(ref[0], ref[1])].restored = True
+            for e in _named(entries, [*(event.get("restored") or []), *(event.get("settled") or [])]):
+                e.restored = True
     return list(entries.values())
+
+
+def _named(entries: dict[tuple[str, int], Removed], refs: list[Any]) -> list[Removed]:
+    """The entries that references ([event id, index, ...]) name."""
+    return [entries[(ref[0], ref[1])] for ref in refs
+            if isinstance(ref, list) and len(ref) >= 2 and (ref[0], ref[1]) in entries]
 
 
 def _intended(entries: dict[tuple[str, int], Removed], event: dict[str, Any], container_id: str | None) -> None:

@@ -68,11 +68,15 @@ def parse_time(text: Any) -> float:
         raise _not_a_time(text)
     y, mo, d, h, mi, sec = _clock(text)
     fraction = _fraction(text)
-    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
-    if not (y > 0 and 1 <= mo <= 12 and 1 <= d <= (_DAYS[mo - 1] if mo != 2 or leap else 28) and h < 24
-            and mi < 60 and sec < 60):
+    if not (_a_day(y, mo, d) and h < 24 and mi < 60 and sec < 60):
         raise ValueError(f"not a date: {text!r}"[:120])
     return _days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec + fraction
+
+
+def _a_day(y: int, mo: int, d: int) -> bool:
+    """Whether year `y`, month `mo`, day `d` is a day of the proleptic Gregorian calendar."""
+    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+    return y > 0 and 1 <= mo <= 12 and 1 <= d <= (_DAYS[mo - 1] if mo != 2 or leap else 28)
 
 
 def _not_a_time(text: Any) -> ValueError:
@@ -386,16 +390,22 @@ def life(observed: Life, ips: list[RecordedIP], ports: list[RecordedPortMapping]
     if len(ports) > MAX_PORTS:
         warn.append(f"{len(ports)} port mappings: only the first {MAX_PORTS} recorded (DNAT rules are "
                     "found by their owner tag anyway)")
+    kept = tuple(ip if ip.reservation is None or len(ip.reservation.data_dir) <= MAX_DIR else ip.replace(reservation=None)
+                 for ip in ips[:MAX_IPS])
+    return Life(observed.netns, observed.netns_id, *_evidence_kept(observed), kept, tuple(ports[:MAX_PORTS]), iso_now())
+
+
+def _evidence_kept(observed: Life) -> tuple[DirId | None, HostId | None, Veth | None]:
+    """The netns directory, host and veth evidence of an observed life within the record's limits: what is past
+    them is not kept (the kernel and the file system make none such); a directory's peer groups, the first 8."""
     host, veth, d = observed.host, observed.veth, observed.netns_dir
     if host is not None and (len(host.boot) > MAX_HOST or len(host.machine) > MAX_HOST):
-        host = None  # evidence past its limits is not kept (the kernel and the file system make none)
+        host = None
     if veth is not None and len(veth.name) > MAX_LINK:
         veth = None
     if d is not None and len(d.groups) > 8:
         d = DirId(d.dev, d.ino, d.groups[:8])
-    kept = tuple(ip if ip.reservation is None or len(ip.reservation.data_dir) <= MAX_DIR else ip.replace(reservation=None)
-                 for ip in ips[:MAX_IPS])
-    return Life(observed.netns, observed.netns_id, d, host, veth, kept, tuple(ports[:MAX_PORTS]), iso_now())
+    return d, host, veth
 
 
 def same_life(a: Life, b: Life) -> bool:
@@ -655,9 +665,14 @@ def _life_problem(life: Any, schema: int) -> str | None:
         return "life: bad netnsId"
     if schema == 2 and _evidence_problem(life):
         return "life: bad netnsDir, host or veth"
-    if not isinstance(life["ips"], list) or len(life["ips"]) > MAX_IPS or any(_ip_problem(ip, schema) for ip in life["ips"]):
+    return _lists_problem(life, schema)
+
+
+def _lists_problem(life: dict[str, Any], schema: int) -> str | None:
+    """What is wrong with a life's addresses or port mappings (None: nothing)."""
+    ips, ports = life["ips"], life["portMappings"]
+    if not isinstance(ips, list) or len(ips) > MAX_IPS or any(_ip_problem(ip, schema) for ip in ips):
         return f"life: bad ips (at most {MAX_IPS})"
-    ports = life["portMappings"]
     if not isinstance(ports, list) or len(ports) > MAX_PORTS or not all(_port_ok(p) for p in ports):
         return f"life: bad portMappings (at most {MAX_PORTS})"
     return None

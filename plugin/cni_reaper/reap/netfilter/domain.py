@@ -144,7 +144,6 @@ def domains(targets: list[Target], protected: dict, errors: list[str], failed: s
     tables. A family whose tool is missing has no rules of the plugins, unless a target has an address of
     it (then nothing can be read: an error, and those targets are kept). `backend_for(family | "native")`
     stands in for the real backends (tests)."""
-    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
     from cni_reaper.reap.netfilter.select import backend_of
 
     wanted = [t for t in targets if t.parts & {"masq", "dnat", "forward"}]
@@ -152,19 +151,22 @@ def domains(targets: list[Target], protected: dict, errors: list[str], failed: s
     chosen: dict[tuple[str, int], Backend | BackendError] = {}  # one selection per setting and family
     for family in _families(wanted):
         groups: dict[str, tuple[Backend, list[Target]]] = {}
-        for t in wanted:
-            if family not in _families([t]):
-                continue
+        for t in (t for t in wanted if family in _families([t])):
+            b = chosen.get((t.backend, family))
             if (t.backend, family) not in chosen:
-                chosen[(t.backend, family)] = _selected(t.backend, family, backend_for, backend_of)
-            b = chosen[(t.backend, family)]
+                b = chosen[(t.backend, family)] = _selected(t.backend, family, backend_for, backend_of)
             if isinstance(b, BackendError):
                 _unreadable(t, family, b, errors, failed)
             elif b is not None:
                 groups.setdefault(b.name + "/" + getattr(b, "flavour", ""), (b, []))[1].append(t)
         out += [IptablesDomain(family, b, ts, protected) for b, ts in groups.values()]
+    return out + _native_domain(wanted, backend_for)
+
+
+def _native_domain(wanted: list[Target], backend_for: Any) -> list[Domain]:
+    """The plugins' native tables, where a target's masquerade or DNAT may be."""
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+
     native = [t for t in wanted if t.parts & {"masq", "dnat"}]
     nft = backend_for("native") if backend_for else NftBackend()
-    if native and nft is not None:
-        out.append(NativeDomain(nft, native))
-    return out
+    return [NativeDomain(nft, native)] if native and nft is not None else []

@@ -131,14 +131,18 @@ class _Builder:
         if t.whole and (t.any_source or dests <= dead):
             self._tagged_chain(nat, chain, tag, owner, "hostport DNAT")
         else:
-            for rule in inside:
-                if rule.target == "DNAT" and rule.dnat_ip in ips:
-                    self.delete_rule("nat", rule, owner, f"DNAT to dead {rule.to_destination}", "dnat")
+            self._dead_dnats(inside, ips, owner)
             if t.whole and chain in nat.chains:  # no other life of X holds the chain: the rest is not ours
                 self._hold(owner, f"nat {chain}: DNATs to {len(dests - dead)} address(es) of no dead life of it")
         if t.whole:
             schain = chains.snat_chain(t.network, t.container_id)
             self._tagged_chain(nat, schain, chains.snat_comment(t.network, t.container_id), owner, "old hostport SNAT")
+
+    def _dead_dnats(self, inside: list, ips: set[str], owner: tuple[str, str]) -> None:
+        """The DNAT rules of a container's chain to its dead addresses (another life of it holds the chain)."""
+        for rule in inside:
+            if rule.target == "DNAT" and rule.dnat_ip in ips:
+                self.delete_rule("nat", rule, owner, f"DNAT to dead {rule.to_destination}", "dnat")
 
     def _tagged_chain(self, nat: Table, chain: str, tag: str, owner: tuple[str, str], what: str) -> None:
         """A per-container chain of portmap's and the jumps into it that carry its tag."""

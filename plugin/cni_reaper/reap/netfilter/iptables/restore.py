@@ -73,8 +73,8 @@ class SaveRestoreBackend:
             self._restore(family, put_back_text(ops))
             return
         chains = [op for op in ops if op.kind == "chain"]
-        nft = flavours.which("nft") if chains and self.flavour == "nft" else None
-        if nft is None or not all(_nft_name(op.table) and _nft_name(op.chain) for op in chains):
+        nft = self._nft_for(chains)
+        if nft is None:
             self._restore(family, restore_text(ops))
             return
         rules = [op for op in ops if op.kind == "rule"]
@@ -84,6 +84,14 @@ class SaveRestoreBackend:
             self._run([nft, "-f", "-"], chain_script(family, chains))
         except BackendError:
             self._restore(family, restore_text(chains))
+
+    def _nft_for(self, chains: list[Op]) -> str | None:
+        """The `nft` binary that removes these chains in one transaction (None: iptables-restore does: legacy,
+        no chains, no nft, or a name nft would not read as written)."""
+        if not chains or self.flavour != "nft":
+            return None
+        nft = flavours.which("nft")
+        return nft if nft is not None and all(_nft_name(op.table) and _nft_name(op.chain) for op in chains) else None
 
     def _restore(self, family: int, text: str) -> None:
         """One `restore --noflush` run of `text` (a transaction per table; legacy under the xtables lock)."""
