@@ -260,10 +260,10 @@ def test_undo_adds_a_native_rule_back_without_the_handle_it_was_journaled_with(m
     """A sweep journals each native rule as nft printed it, its handle in it; in an add, nft's JSON schema
     reads a handle as the rule to add after (nft 1.0.6 here ignores it: a fake stands in for one that does
     not), so undo leaves it out."""
+    from cni_reaper.reap import undo
     from cni_reaper.reap.holders import PortMap
     from cni_reaper.reap.netfilter.nftables import backend
     from cni_reaper.state.journal import Removed
-    from cni_reaper.reap import undo
 
     added: list = []
 

@@ -59,10 +59,10 @@ def test_a_host_port_is_shadowed_only_by_another_containers_mapping_of_it():
 
 
 def test_a_failed_transaction_puts_back_none_of_its_rules_and_says_why(monkeypatch):
+    from cni_reaper.reap import undo
     from cni_reaper.reap.netfilter.interface import BackendError
     from cni_reaper.reap.netfilter.nftables import backend
     from cni_reaper.state.journal import Removed
-    from cni_reaper.reap import undo
 
     class Nft:
         def read(self):
@@ -89,9 +89,9 @@ def test_a_failed_transaction_puts_back_none_of_its_rules_and_says_why(monkeypat
 def test_a_journaled_native_rule_broader_than_the_plugins_make_is_not_put_back(monkeypatch):
     """Red team: a damaged journal item whose DNAT lost its port match (or a masquerade its address) would catch
     every packet once added back; undo refuses it."""
+    from cni_reaper.reap import undo
     from cni_reaper.reap.netfilter.nftables import backend
     from cni_reaper.state.journal import Removed
-    from cni_reaper.reap import undo
 
     added: list = []
 

@@ -94,14 +94,14 @@ def _recorded(store: Store, wait: float | None = None) -> set[tuple[str, str]]:
         return {e.key.owner for e in store.entries().values()}
 
 
-def del_targets(record: Record, conf: Any, view: View, netns: str, same: bool,
+def del_targets(record: Record, conf: Any, view: View, there: bool, same: bool,
                 parts: frozenset[str]) -> list[Target] | None:
     """What of a DEL's own attachment goes now, before the downstream plugins' DEL (verbs/delete.py says when):
     its record judged as every pass judges one, the runtime's DEL its verdict. `same`: the DEL's netns is the
     recorded life's and alive (then only `parts` of the current life, and the earlier lives); else every life but
     the reservations (bridge's DEL has host-local release them), the masquerade chain kept while a namespace is
-    at `netns`. None: out of this process's reach (nothing now; a sweep that reaches them takes them)."""
-    from cni_reaper.reap import probes
+    (or may be) at the DEL's netns (`there`). None: out of this process's reach (nothing now; a sweep that
+    reaches them takes them)."""
     from cni_reaper.reap.sweep import dead_target, earlier_target, judge, settings_of
     from cni_reaper.reap.targets import PARTS
     from cni_reaper.state.record import RecordSettings
@@ -114,7 +114,7 @@ def del_targets(record: Record, conf: Any, view: View, netns: str, same: bool,
         log.info("nothing of this attachment removed before the plugins' DEL; left for a sweep", why=j.why)
         return None
     if not same:
-        return [dead_target(j, view, keep_masq_chain=probes.maybe_there(netns), parts=PARTS - {"reservation"},
+        return [dead_target(j, view, keep_masq_chain=there, parts=PARTS - {"reservation"},
                             lives=list(record.lives))]
     targets = []
     if parts:

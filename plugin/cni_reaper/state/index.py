@@ -362,8 +362,8 @@ class Entry:
     parts are tuples: `ns` (dev, ino, ctime), `dir` (dev, ino, peer groups), `host` (boot, machine, netns, mnt),
     `veth` (name, ifindex)."""
 
-    __slots__ = ("cache_dir", "cached", "cid", "deleted_at", "dir", "earlier", "host", "ifname", "ino", "ips",
-                 "left", "netns", "network", "ns", "verify", "veth")
+    __slots__ = ("cache_dir", "cached", "cid", "deleted_at", "dir", "earlier", "host", "host_id", "ifname", "ino",
+                 "ips", "key", "left", "netns", "netns_dir", "netns_id", "network", "ns", "verify", "veth", "veth_id")
 
     def __init__(self, ino: int, network: str, cid: str, ifname: str, netns: str, ns: tuple | None, dir_: tuple | None,
                  host: tuple | None, veth: tuple | None, deleted_at: float | None, cached: bool | None, verify: bool,
@@ -375,27 +375,13 @@ class Entry:
         # record.left_mark: its leftovers wait for the runtime's DEL or GC (True), or something not ours holds
         # one and a sweep looks again after this time (a number)
         self.left = left
-
-    @property
-    def key(self) -> Key:
-        return Key(self.network, self.cid, self.ifname)
-
-    # its evidence as the record's typed parts (evidence.Facts.of_entry)
-    @property
-    def netns_id(self) -> NetnsId | None:
-        return NetnsId(*self.ns) if self.ns else None
-
-    @property
-    def netns_dir(self) -> DirId | None:
-        return DirId(*self.dir) if self.dir else None
-
-    @property
-    def host_id(self) -> HostId | None:
-        return HostId(*self.host) if self.host else None
-
-    @property
-    def veth_id(self) -> Veth | None:
-        return Veth(*self.veth) if self.veth else None
+        # what the judgement reads, made once (an entry is made only when asked for): its key, and its evidence
+        # as the record's own typed parts (evidence.Facts.of_entry reads them as it reads a record's life)
+        self.key = Key(network, cid, ifname)
+        self.netns_id = NetnsId(*ns) if ns else None
+        self.netns_dir = DirId(*dir_) if dir_ else None
+        self.host_id = HostId(*host) if host else None
+        self.veth_id = Veth(*veth) if veth else None
 
     @classmethod
     def of_record(cls, record: Record, ino: int) -> Entry:

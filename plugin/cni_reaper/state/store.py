@@ -54,6 +54,12 @@ class Store:
         while it is held are bounded by lock_timeout's hold (files.holding) whatever `wait` is."""
         return _Locked(self, self.lock_timeout if wait is None else min(wait, self.lock_timeout))
 
+    @classmethod
+    def session(cls, root: str, lock_timeout: float = 10.0, create: bool = True, wait: float | None = None) -> _Session:
+        """The state directory opened and its lock held, for a `with` block (a verb's whole use of it): let go and
+        closed when the block ends, whatever happens in it."""
+        return _Session(cls(root, lock_timeout), create, wait)
+
     # -- records -------------------------------------------------------------------------------------
     def load(self, network: str, container_id: str, ifname: str) -> Record | None:
         return self.load_named(record_name(network, container_id, ifname), expect=Key(network, container_id, ifname))
@@ -250,3 +256,28 @@ class _Locked:
         _last_index, self.store.index = self.store.index, None
         self.hold.__exit__()
         os.close(self.fd)  # closing the fd releases the flock
+
+
+class _Session:
+    """Store.session: the directory opened, then its lock taken; the lock let go, then the directory closed."""
+
+    def __init__(self, store: Store, create: bool, wait: float | None) -> None:
+        self.store, self.create, self.wait = store, create, wait
+        self.lock: _Locked | None = None
+
+    def __enter__(self) -> Store:
+        try:
+            self.store.open(create=self.create)
+            self.lock = self.store.locked(self.wait)
+            self.lock.__enter__()
+        except BaseException:
+            self.store.close()
+            raise
+        return self.store
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.lock is not None:
+                self.lock.__exit__(*exc)
+        finally:
+            self.store.close()

@@ -54,21 +54,17 @@ def _record(inv: Invocation, current: Life) -> bool:
     dead attachments left. Returns whether libcni caches an attachment that has no record (one from before
     installation, or of a network without cni-reaper: it may map the host ports this ADD was given)."""
     conf = inv.conf
-    store = Store(conf.stateDir, conf.lockTimeout).open()
-    try:
-        with store.locked():
-            if store.waited > 0.1:
-                log.info("waited for the state lock", seconds=round(store.waited, 3))
-            existing = store.load(conf.name, inv.container_id, inv.ifname)
-            record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args,
-                                 RecordSettings.of_conf(conf))
-            store.save(record)
-            if kept:
-                log.info("re-added: earlier life kept for clean-up", earlier=len(record.earlier))
-            _sweep(inv, store, current)
-            return bool(conf.portMappings) and _cached_unrecorded(store, conf)
-    finally:
-        store.close()
+    with Store.session(conf.stateDir, conf.lockTimeout) as store:
+        if store.waited > 0.1:
+            log.info("waited for the state lock", seconds=round(store.waited, 3))
+        existing = store.load(conf.name, inv.container_id, inv.ifname)
+        record, kept = merge(existing, conf.name, inv.container_id, inv.ifname, current, inv.args,
+                             RecordSettings.of_conf(conf))
+        store.save(record)
+        if kept:
+            log.info("re-added: earlier life kept for clean-up", earlier=len(record.earlier))
+        _sweep(inv, store, current)
+        return bool(conf.portMappings) and _cached_unrecorded(store, conf)
 
 
 def _cached_unrecorded(store: Store, conf: Any) -> bool:

@@ -45,24 +45,20 @@ def _adopt(inv: Invocation, current: Life) -> None:
     stale one is repaired (the earlier life kept for clean-up); then the sweep."""
     conf = inv.conf
     settings = RecordSettings.of_conf(conf)
-    store = Store(conf.stateDir, conf.lockTimeout).open()
-    try:
-        with store.locked():
-            existing = store.load(conf.name, inv.container_id, inv.ifname)
-            if existing is not None and existing.deleted is None and same_life(existing.current, current):
-                if existing.settings is None:  # a record of cni-reaper 0.2: keep what it proved, add the rest
-                    record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
-                                      inv.args or existing.cni_args, settings)
-                    store.save(record)
-                verb_pass(store, conf)
-                return
-            record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
-                              inv.args or (existing.cni_args if existing else {}), settings)
-            store.save(record)
-            if existing is None:
-                log.info("CHECK adopted an attachment that had no record")
-            else:
-                log.warn("CHECK found a stale record and repaired it; the earlier life is kept for clean-up")
+    with Store.session(conf.stateDir, conf.lockTimeout) as store:
+        existing = store.load(conf.name, inv.container_id, inv.ifname)
+        if existing is not None and existing.deleted is None and same_life(existing.current, current):
+            if existing.settings is None:  # a record of cni-reaper 0.2: keep what it proved, add the rest
+                record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
+                                  inv.args or existing.cni_args, settings)
+                store.save(record)
             verb_pass(store, conf)
-    finally:
-        store.close()
+            return
+        record, _ = merge(existing, conf.name, inv.container_id, inv.ifname, current,
+                          inv.args or (existing.cni_args if existing else {}), settings)
+        store.save(record)
+        if existing is None:
+            log.info("CHECK adopted an attachment that had no record")
+        else:
+            log.warn("CHECK found a stale record and repaired it; the earlier life is kept for clean-up")
+        verb_pass(store, conf)

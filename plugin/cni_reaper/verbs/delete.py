@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 # wrap mode, its imports are too
 from cni_reaper import log
 from cni_reaper.errors import CniError
-from cni_reaper.verbs.teardown_first import can_wait, nothing_first, same_life
+from cni_reaper.verbs.teardown_first import NetnsNow, can_wait, nothing_first, same_life
 
 
-def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Target] | None:
+def immediate_targets(record: Record, inv: Invocation, view: View, now: NetnsNow | None = None) -> list[Target] | None:
     """What of this attachment must go now, before the downstream plugins' DEL runs.
 
     - The recorded life is this DEL's netns and it is alive: bridge, firewall and portmap tear it down,
@@ -36,9 +36,10 @@ def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Targe
     runtime's DEL its verdict: None (nothing now, a second look later) when its rules are out of this
     process's reach."""
     conf = inv.conf
-    if nothing_first(record, inv):
+    now = now if now is not None else NetnsNow(inv.netns)  # looked at once
+    if nothing_first(record, inv, now):
         return []  # the common case: the downstream plugins remove everything; nothing to import
-    same = same_life(record, inv)
+    same = same_life(record, inv, now)
     parts = set()
     if same:
         if not conf.portMappings:
@@ -48,7 +49,7 @@ def immediate_targets(record: Record, inv: Invocation, view: View) -> list[Targe
     from cni_reaper.reap.engine import del_targets
 
     # None: out of this process's reach (logged): its tombstone asks a sweep that reaches them (verify)
-    return del_targets(record, conf, view, inv.netns, same, frozenset(parts))
+    return del_targets(record, conf, view, now.maybe_there, same, frozenset(parts))
 
 
 def _finished(record: Record, outcome: Outcome | None, extra: list[Target]) -> bool:
@@ -67,12 +68,12 @@ def _finished(record: Record, outcome: Outcome | None, extra: list[Target]) -> b
             and not outcome.left_of(k))
 
 
-def _now(record: Record | None, inv: Invocation, view: View, beside: bool) -> tuple[list[Target], bool]:
+def _now(record: Record | None, inv: Invocation, view: View, beside: bool, now: NetnsNow) -> tuple[list[Target], bool]:
     """What of the attachment goes now (immediate_targets), and whether its tombstone asks the next sweep for a
     second look (`verify`: something was to go now, or could not be reached)."""
     if record is None:
         return [], False
-    extra = immediate_targets(record, inv, view)
+    extra = immediate_targets(record, inv, view, now)
     if extra is None:
         return [], True
     if beside and extra:
@@ -84,19 +85,18 @@ def _now(record: Record | None, inv: Invocation, view: View, beside: bool) -> tu
     return extra, bool(extra)
 
 
-def _torn_down(store: Store, record: Record | None, inv: Invocation, verify: bool) -> Record | None:
+def _torn_down(store: Store, record: Record | None, inv: Invocation, verify: bool, now: NetnsNow) -> Record | None:
     """The record marked torn down (its tombstone, unless it has one) and saved."""
     if record is None:
         return None
     if record.deleted is None:
         from cni_reaper.reap.engine import cached_by_libcni
-        from cni_reaper.reap.probes import maybe_there
         from cni_reaper.state.record import tombstone
 
         conf = inv.conf
         cache_dir = record.settings.cache_dir if record.settings else conf.cniCacheDir
         record = record.replace(deleted=tombstone(
-            not maybe_there(inv.netns), conf.prevResult is not None, bool(conf.portMappings),
+            not now.maybe_there, conf.prevResult is not None, bool(conf.portMappings),
             verify=verify, cached=cached_by_libcni(cache_dir, *record.key)))
     store.save(record)
     return record
@@ -127,16 +127,15 @@ def _run(inv: Invocation, beside: bool = False) -> None:
     from cni_reaper.state.store import Store
 
     conf = inv.conf
-    store = Store(conf.stateDir, conf.lockTimeout)
     view = View()
     try:
-        store.open(create=False)
-        with store.locked():
+        with Store.session(conf.stateDir, conf.lockTimeout, create=False) as store:
             record = store.load(conf.name, inv.container_id, inv.ifname)
             if record is None:
                 log.info("no record for this attachment; nothing of it to remove")
-            extra, verify = _now(record, inv, view, beside)
-            record = _torn_down(store, record, inv, verify)
+            now = NetnsNow(inv.netns)
+            extra, verify = _now(record, inv, view, beside, now)
+            record = _torn_down(store, record, inv, verify, now)
             from cni_reaper.reap.engine import verb_pass
 
             exclude = frozenset({record.key}) if record is not None else frozenset()
@@ -145,6 +144,4 @@ def _run(inv: Invocation, beside: bool = False) -> None:
     except CniError as err:
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.
         log.warn("DEL could not use the state directory; continuing", error=err.msg, details=err.details)
-    finally:
-        store.close()
     return None

@@ -54,10 +54,6 @@ def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
 def run(inv: Invocation) -> None:
     conf = inv.conf
     valid = valid_attachments(inv.raw)
-    store = Store(conf.stateDir, conf.lockTimeout).open()
-    try:
-        with store.locked():
-            gc_pass(store, conf, valid)
-    finally:
-        store.close()
+    with Store.session(conf.stateDir, conf.lockTimeout) as store:
+        gc_pass(store, conf, valid)
     return None

@@ -67,14 +67,10 @@ def _locked_sweep(conf: Any, view: View) -> None:
     from cni_reaper.reap.engine import verb_pass
     from cni_reaper.state.store import Store
 
-    store = Store(conf.stateDir, conf.lockTimeout)
     try:
-        store.open(create=False)
-        with store.locked(wait=LOCK_WAIT):
+        with Store.session(conf.stateDir, conf.lockTimeout, create=False, wait=LOCK_WAIT) as store:
             verb_pass(store, conf, view=view)
     except CniError as err:
         if err.code == TRY_AGAIN_LATER:
             log.info("sweep skipped: another process holds the state lock; STATUS answered at once, the next "
                      "call sweeps", error=err.msg)
-    finally:
-        store.close()

@@ -17,24 +17,39 @@ from cni_reaper.state.record import of_document, problem
 from cni_reaper.state.safedir import SafeDir
 
 
-def same_life(record: Record, inv: Invocation) -> bool:
+class NetnsNow:
+    """What is at a DEL's CNI_NETNS now, looked at once per DEL under the state lock: the namespace (`ns`, None:
+    none is there), or `unseen` (the path cannot be looked at: one may be there)."""
+
+    __slots__ = ("ns", "unseen")
+
+    def __init__(self, path: str | None) -> None:
+        try:
+            self.ns, self.unseen = probes.netns_id(path), False
+        except probes.Unseen:
+            self.ns, self.unseen = None, True
+
+    @property
+    def maybe_there(self) -> bool:
+        return self.unseen or self.ns is not None
+
+
+def same_life(record: Record, inv: Invocation, now: NetnsNow | None = None) -> bool:
     """This DEL's netns is the recorded path and holds the very namespace recorded (a path that cannot be
-    looked at: not known to, so no)."""
+    looked at: not known to, so no). `now`: what is at the path, if it was looked at already."""
     cur = record.current
-    try:
-        now = probes.netns_id(inv.netns)
-    except probes.Unseen:
+    now = now if now is not None else NetnsNow(inv.netns)
+    if now.ns is None or inv.netns != cur.netns:
         return False
-    if now is None or inv.netns != cur.netns:
-        return False
-    return cur.netns_id is None or now.same(cur.netns_id)
+    return cur.netns_id is None or now.ns.same(cur.netns_id)
 
 
-def nothing_first(record: Record, inv: Invocation) -> bool:
+def nothing_first(record: Record, inv: Invocation, now: NetnsNow | None = None) -> bool:
     """The common case: the recorded life is this DEL's live netns, the DEL carries the port mappings and
     prevResult, and there is no earlier life: the downstream plugins' DEL removes everything of it."""
     conf = inv.conf
-    return bool(conf.portMappings) and conf.prevResult is not None and not record.earlier and same_life(record, inv)
+    return (bool(conf.portMappings) and conf.prevResult is not None and not record.earlier
+            and same_life(record, inv, now))
 
 
 def can_wait(inv: Invocation) -> bool:
