@@ -13,9 +13,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from datetime import datetime
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
+from typing import Annotated, Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -573,3 +574,267 @@ def record_problem(doc: Any) -> Optional[str]:
     except ValidationError as exc:
         return str(exc).splitlines()[0]
     return None
+
+
+# -- the journal's items ------------------------------------------------------------------------------------
+# What each clean-up writes to the journal before it removes anything (state/journal.py), one item per thing it
+# removes, and what `journal --json` and `undo` read back. Undo puts nothing back of an item these models refuse
+# (journal_item_problem), and never half of one. A later release's items may carry more keys: kept, not refused.
+def _line(v: str) -> str:
+    """One line of text (an item's rule, a path, a name: no newline, no NUL)."""
+    if "\n" in v or "\r" in v or "\0" in v:
+        raise ValueError("not one line")
+    return v
+
+
+def _absolute(v: str) -> str:
+    if not _line(v).startswith("/"):
+        raise ValueError("not an absolute path")
+    return v
+
+
+def _file_name(v: str) -> str:
+    if v in ("", ".", "..") or "/" in _line(v):
+        raise ValueError("not a file name")
+    return v
+
+
+def _address(v: str) -> str:
+    from cni_reaper.cni.ipaddr import parse_ip
+
+    parse_ip(v)  # ValueError: not an address
+    return v
+
+
+def _json_object_text(v: str) -> str:
+    from cni_reaper import jsonio
+
+    try:
+        if isinstance(jsonio.loads(v), dict):
+            return v
+    except RecursionError:
+        pass
+    raise ValueError("not the text of a JSON object")
+
+
+Line = Annotated[str, AfterValidator(_line)]
+AbsolutePath = Annotated[str, AfterValidator(_absolute)]
+FileName = Annotated[str, AfterValidator(_file_name)]
+
+
+class _JournalItem(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    key: List[str] = Field(min_length=3, max_length=3,
+                           description="the attachment it was removed for: network, container ID, ifname")
+    what: Line = Field("", description="what it was, in words")
+
+
+class IptablesItem(_JournalItem):
+    """An iptables rule (op "rule": its spec and position) or a chain (op "chain": its rules) of the plugins."""
+
+    kind: Literal["iptables"]
+    family: Literal[4, 6]
+    flavour: Literal["nft", "legacy"]
+    table: FileName
+    chain: Annotated[FileName, AfterValidator(lambda v: v if " " not in v else _not(v, "a chain name"))]
+    op: Literal["rule", "chain"]
+    spec: Optional[Line] = None
+    index: Optional[int] = Field(None, ge=0)
+    rules: Optional[List[Line]] = None
+
+    @model_validator(mode="after")
+    def _of_its_op(self) -> IptablesItem:
+        if self.op == "chain" and self.rules is None:
+            raise ValueError("rules is not a list of rules")
+        if self.op == "rule" and self.spec is None:
+            raise ValueError("spec is missing or not one line")
+        return self
+
+
+def _not(v: Any, what: str) -> Any:
+    raise ValueError(f"not {what}")
+
+
+class NftItem(_JournalItem):
+    """A native nftables rule of plugins 1.6+, as nft printed it (JSON)."""
+
+    kind: Literal["nft"]
+    family: Line
+    table: Line
+    chain: Line
+    rule: Dict[str, Any]
+
+
+class ReservationItem(_JournalItem):
+    """A host-local reservation file: its content, permission bits and modification time (ns)."""
+
+    kind: Literal["reservation"]
+    dataDir: AbsolutePath
+    network: FileName
+    ip: Annotated[str, AfterValidator(_address)]
+    content: str
+    mode: int = Field(0o600, ge=0, le=0o7777)
+    mtime: Optional[int] = Field(None, ge=0)
+
+
+class CacheItem(_JournalItem):
+    """libcni's cached result of the attachment, as its file held it."""
+
+    kind: Literal["cache"]
+    cacheDir: AbsolutePath
+    entry: FileName
+    content: Annotated[str, AfterValidator(_json_object_text)]
+
+
+class ConntrackItem(_JournalItem):
+    """Conntrack entries of a dead address cleared (cannot be put back)."""
+
+    kind: Literal["conntrack"]
+    ip: str
+    entries: int = Field(ge=0)
+
+
+class NetnsItem(_JournalItem):
+    """A network namespace mount removed on the scheduler's word (cannot be put back)."""
+
+    kind: Literal["netns"]
+    netns: AbsolutePath
+
+
+class RecordItem(_JournalItem):
+    """cni-reaper's record of the attachment, dropped once everything it held was verified gone."""
+
+    kind: Literal["record"]
+    record: Dict[str, Any]
+
+
+JournalItem = Annotated[Union[IptablesItem, NftItem, ReservationItem, CacheItem, ConntrackItem, NetnsItem, RecordItem],
+                        Field(discriminator="kind")]
+_ADAPTERS: Dict[str, Any] = {}  # made once per process: a TypeAdapter builds its validator when made
+
+
+def _adapter(name: str) -> Any:
+    from pydantic import TypeAdapter
+
+    if name not in _ADAPTERS:
+        _ADAPTERS[name] = TypeAdapter(SCHEMAS[name])
+    return _ADAPTERS[name]
+
+
+def journal_item_problem(item: Any) -> Optional[str]:
+    """What is wrong with a journal item (None: nothing), in one line."""
+    if not isinstance(item, dict) or item.get("kind") not in _ITEM_KINDS:
+        return f"unknown kind {str(item.get('kind') if isinstance(item, dict) else item)[:40]!r}"
+    try:
+        _adapter("journal-item").validate_python(item)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(p) for p in e["loc"][1:])  # after the kind's tag
+        msg = e["msg"].removeprefix("Value error, ")
+        return f"{where}: {msg}" if where else msg
+    return None
+
+
+# -- the command line's JSON (docs/schemas/*.schema.json) ------------------------------------------------------
+class _Output(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ListedAttachment(_Output):
+    """One record as `list --json` shows it."""
+
+    network: str
+    containerID: str
+    ifname: str
+    ips: List[str] = Field(description="the current life's addresses (CIDR)")
+    ports: List[str] = Field(description="its port mappings, as HOSTPORT:PORT/PROTOCOL")
+    netns: str
+    state: str = Field(description="live, dead, unknown, torn down, ... (README, \"list\")")
+    why: str = Field(description="the evidence of that state")
+    earlierIPs: List[str] = Field(description="addresses of earlier lives of the same attachment")
+    createdAt: str
+    stateDir: str
+
+
+class JournalEntry(_Output):
+    """One removed item as `journal --json` shows it."""
+
+    at: float = Field(description="when its clean-up began (seconds since the epoch)")
+    verb: str = Field(description="the CNI verb or command whose clean-up removed it")
+    key: List[str] = Field(description="network, container ID, ifname")
+    kind: Optional[str]
+    what: str
+    removed: Literal["yes", "perhaps (no done)"]
+    undone: bool
+    stateDir: str
+    item: Dict[str, Any] = Field(description="the journal item as written (journal-item.schema.json)")
+
+
+class SweepReport(_Output):
+    """What `sweep --json` found or did."""
+
+    applied: bool
+    attachments: Dict[str, List[str]] = Field(description="\"network container-id [ifname]\" -> what it left")
+    count: int
+    errors: List[str]
+    skipped: List[str]
+    unknown: Dict[str, int] = Field(description="why attachments could not be judged -> how many")
+    backends: Dict[str, str]
+    held: Dict[str, str]
+    observed: Dict[str, List[str]] = Field(description="what observe mode would remove")
+    networks: List[str]
+
+
+class Refused(_Output):
+    item: str
+    why: str
+
+
+class UndoReport(_Output):
+    """What `undo --json` put back, refused and cannot put back."""
+
+    dryRun: bool
+    restored: List[str]
+    refused: List[Refused]
+    cannotRestore: List[str]
+
+
+class DoctorFinding(_Output):
+    status: Literal["OK", "WARN", "FAIL"]
+    check: str
+    network: str
+    message: str
+    fix: str
+    source: str
+
+
+class DoctorReport(_Output):
+    """What `doctor --json` found."""
+
+    ok: bool
+    findings: List[DoctorFinding]
+
+
+# each output's schema, published under docs/schemas/ (scripts/schemas.py writes them; a test holds them fresh)
+SCHEMAS: Dict[str, Any] = {
+    "record": Record, "journal-item": JournalItem, "list": List[ListedAttachment], "journal": List[JournalEntry],
+    "sweep": SweepReport, "undo": UndoReport, "doctor": DoctorReport,
+}
+
+
+_ITEM_KINDS = ("iptables", "nft", "reservation", "cache", "conntrack", "netns", "record")
+
+
+def output(name: str, value: Any) -> Any:
+    """`value`, the document a command prints, checked against its published schema (SCHEMAS[name]) and given
+    back as JSON holds it: what a command prints is what its schema says (a ValidationError otherwise)."""
+    adapter = _adapter(name)
+    return adapter.dump_python(adapter.validate_python(value), mode="json", by_alias=True)
+
+
+def json_schema(name: str) -> Dict[str, Any]:
+    """The JSON Schema of one published document."""
+    schema = _adapter(name).json_schema(by_alias=True, mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": f"cni-reaper/{name}.schema.json",
+            **schema}

@@ -83,3 +83,42 @@ def test_cli_usage_and_version(package_exe):
     assert subprocess.run([package_exe, "sweep", "--backend", "x"], capture_output=True).returncode == 2
     helptext = subprocess.run([package_exe, "sweep", "--help"], capture_output=True, text=True).stdout
     assert "--apply" in helptext and len(helptext.splitlines()) < 40
+
+
+def _valid(name: str, document) -> None:
+    """`document` validates against its published schema (docs/schemas/<name>.schema.json)."""
+    import jsonschema
+
+    from testkit.sandbox import REPO
+
+    schema = json.loads((REPO / "docs" / "schemas" / f"{name}.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(document)
+
+
+def test_every_json_output_follows_its_published_schema(sb):
+    """Issue 44: `list`, `sweep`, `journal`, `undo` and `doctor` with --json print what docs/schemas/ publishes, and
+    every item a real clean-up journals is a journal item of its schema; a document off its schema fails."""
+    import jsonschema
+
+    live, dead = unique("alloc-"), unique("alloc-")
+    netns_dead = sb.container()
+    sb.driver("add", live, sb.container(), ("8083:80/tcp",))
+    sb.driver("add", dead, netns_dead, ("8084:80/tcp",))
+    sb.remove_container(netns_dead)
+    out = {}
+    for name, args in (("list", ("list",)), ("sweep", ("sweep", "--apply")), ("journal", ("journal",)),
+                       ("undo", ("undo", dead, "--dry-run")), ("doctor", ("doctor",))):
+        run = cli(sb, *args, "--json")
+        assert run.stdout.startswith(("[", "{")), (name, run.stdout, run.stderr)
+        out[name] = json.loads(run.stdout)
+        _valid(name, out[name])
+    assert {r["containerID"] for r in out["list"]} == {live, dead} and out["sweep"]["count"] > 0
+    kinds = {row["kind"] for row in out["journal"]}
+    assert {"iptables", "reservation", "record"} <= kinds, kinds
+    for row in out["journal"]:
+        _valid("journal-item", row["item"])
+    assert out["undo"]["restored"] and out["undo"]["dryRun"] is True
+    with pytest.raises(jsonschema.ValidationError):  # the check can fail: a document off its schema
+        _valid("list", [{**out["list"][0], "state": 3}])
+    with pytest.raises(jsonschema.ValidationError):
+        _valid("journal-item", {**out["journal"][0]["item"], "kind": "iptables", "family": 5})

@@ -102,7 +102,7 @@ def _data_dirs(store: Store, given: list[str], entries: list[Removed]) -> list[s
     host-local's default and Nomad 1.9.4+'s (/var/run/cni), those the records and the journal name."""
     from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
 
-    named = [e.item["dataDir"] for e in entries if _absolute(e.item.get("dataDir"))]
+    named = [e.item["dataDir"] for e in entries if damaged(e.item) is None and "dataDir" in e.item]
     for r in store.records():
         named += [ip.reservation.data_dir for life in r.lives for ip in life.ips if ip.reservation is not None]
         named += [r.settings.ipam_dir] if r.settings else []
@@ -153,78 +153,12 @@ def _unless_made_since(kinds: dict[str, list[Removed]], held: dict[Any, Any], di
         report.no(e, f"host-local made {made[0]} while undo looked: its reservations were not read (run undo again)")
 
 
-def _text(v: object, multiline: bool = False) -> bool:
-    return isinstance(v, str) and (multiline or ("\n" not in v and "\r" not in v and "\0" not in v))
-
-
-def _absolute(v: object) -> bool:
-    return _text(v) and str(v).startswith("/")
-
-
-def _name(v: object) -> bool:
-    return _text(v) and v not in ("", ".", "..") and "/" not in str(v)
-
-
-def _ip(v: object) -> bool:
-    from cni_reaper.cni.ipaddr import parse_ip
-
-    try:
-        parse_ip(v)
-    except ValueError:
-        return False
-    return True
-
-
-def _json_object(v: object) -> bool:
-    from cni_reaper import jsonio
-
-    try:
-        return isinstance(v, str) and isinstance(jsonio.loads(v), dict)
-    except (ValueError, RecursionError):
-        return False
-
-
-_SHAPES: dict[str, dict[str, Any]] = {
-    "reservation": {"dataDir": _absolute, "network": _name, "ip": _ip,
-                    "content": lambda v: _text(v, True),
-                    "mtime": lambda v: v is None or (type(v) is int and v >= 0)},
-    "iptables": {"family": lambda v: v in (4, 6), "flavour": lambda v: v in ("nft", "legacy"),
-                 "op": _text, "table": _name, "chain": lambda v: _name(v) and " " not in str(v)},
-    "nft": {"family": _text, "table": _text, "chain": _text, "rule": lambda v: isinstance(v, dict)},
-    "cache": {"cacheDir": _absolute, "entry": _name, "content": _json_object},
-    "record": {"record": lambda v: isinstance(v, dict)},
-    "conntrack": {},
-    "netns": {"netns": _absolute},
-}
-
-
 def damaged(item: dict[str, Any]) -> str | None:
-    """What is wrong with a journaled item's shape (None: nothing): a damaged journal puts nothing back of it,
-    and never half of an item."""
-    shape = _SHAPES.get(item.get("kind"))  # type: ignore[arg-type]
-    if shape is None:
-        return f"unknown kind {str(item.get('kind'))[:40]!r}"
-    for field, ok in shape.items():
-        if not ok(item.get(field)):
-            return f"{field} is missing or not what it should be"
-    if item["kind"] == "iptables":
-        return _iptables_damage(item)
-    if item["kind"] == "reservation" and not isinstance(item.get("mode", 0o600), int):
-        return "mode is not a file mode"
-    return None
+    """What is wrong with a journaled item (None: nothing), as the journal item's model says (models.py, the one
+    declaration of the journal's items): a damaged journal puts nothing back of it, and never half of an item."""
+    from cni_reaper.models import journal_item_problem
 
-
-def _iptables_damage(item: dict[str, Any]) -> str | None:
-    """What is wrong with a journaled iptables item beyond its fields' shapes (None: nothing)."""
-    if item["op"] == "chain":
-        if not (isinstance(item.get("rules"), list) and all(_text(r) for r in item["rules"])):
-            return "rules is not a list of rules"
-    elif not _text(item.get("spec")):
-        return "spec is missing or not one line"
-    index = item.get("index", 0)
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        return "index is not a position"
-    return None
+    return journal_item_problem(item)
 
 
 # -- reservations -----------------------------------------------------------------------------------

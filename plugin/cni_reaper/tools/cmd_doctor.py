@@ -3,11 +3,10 @@ holds the checks); changes nothing."""
 
 from __future__ import annotations
 
-import json
-
 from cni_reaper.errors import CniError
 from cni_reaper.tools import context
 from cni_reaper.tools.exits import EXIT_DOCTOR, EXIT_OK
+from cni_reaper.tools.output import print_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ def run(args) -> int:
     findings += doctor.check_nomad(args)
     failed = any(f.status == doctor.FAIL for f in findings) or skipped
     if args.json:
-        print(json.dumps({"ok": not failed, "findings": [f.as_dict() for f in findings]}, indent=1))
+        print_json("doctor", {"ok": not failed, "findings": [f.as_dict() for f in findings]})
     else:
         for f in findings:
             print(f.line())

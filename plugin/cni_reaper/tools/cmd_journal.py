@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 from cni_reaper.tools import context
 from cni_reaper.tools.exits import EXIT_ERROR, EXIT_OK
+from cni_reaper.tools.output import print_json
 
 # how each kind of journal item reads to an operator
 _WORDS = {
@@ -31,7 +31,7 @@ def run(args) -> int:
     contexts, skipped = context.contexts(args)
     rows = [row for state_dir in context.by_state_dir(contexts) for row in _rows(state_dir, args.container_id)]
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print_json("journal", rows)
     elif not rows:
         print("the journal has nothing" + (f" of {args.container_id}" if args.container_id else ""))
     else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 TYPE_CHECKING = False
@@ -13,6 +12,7 @@ if TYPE_CHECKING:
 
 from cni_reaper.tools import context
 from cni_reaper.tools.exits import EXIT_ERROR, EXIT_OK
+from cni_reaper.tools.output import print_json
 
 
 def run(args) -> int:
@@ -26,7 +26,7 @@ def run(args) -> int:
         states = context.states(records, group, view)
         items += [_listed(r, *states[r.key], state_dir) for r in records]
     if args.json:
-        print(json.dumps(items, indent=1))
+        print_json("list", items)
         return EXIT_ERROR if skipped else EXIT_OK
     if not items:
         print(f"no records in {', '.join(context.by_state_dir(contexts))}")

@@ -4,7 +4,6 @@ orphans."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
 from cni_reaper import log
 from cni_reaper.tools import context
 from cni_reaper.tools.exits import EXIT_BLIND, EXIT_ERROR, EXIT_FOUND, EXIT_LEFT, EXIT_OK
+from cni_reaper.tools.output import print_json
 
 
 def run(args) -> int:
@@ -39,7 +39,7 @@ def run(args) -> int:
     count = sum(len(v) for v in groups.values())
     backends = {f"ipv{f}": name for f, name in sorted(total.backends.items())}
     if args.json:
-        print(json.dumps(_as_json(args.apply, groups, count, total, backends, contexts), indent=1))
+        print_json("sweep", _as_json(args.apply, groups, count, total, backends, contexts))
     else:
         _print_sweep(args.apply, groups, count, total, backends)
     return _sweep_exit(args.apply, total, count, skipped)

@@ -3,13 +3,13 @@ something live holds it (reap/undo.py, through the engine)."""
 
 from __future__ import annotations
 
-import json
 import os
 
 from cni_reaper import log
 from cni_reaper.tools import context
 from cni_reaper.tools.cmd_journal import described
 from cni_reaper.tools.exits import EXIT_LEFT, EXIT_OK
+from cni_reaper.tools.output import print_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,9 +24,9 @@ def run(args) -> int:
         log.info("put back" if not args.dry_run else "would put back", containerID=args.container_id,
                  item=described(item))
     if args.json:
-        print(json.dumps({"dryRun": args.dry_run, "restored": [described(i) for i, _ in restored],
-                          "refused": [{"item": described(i), "why": why} for i, why in refused],
-                          "cannotRestore": [described(i) for i in lost]}, indent=1))
+        print_json("undo", {"dryRun": args.dry_run, "restored": [described(i) for i, _ in restored],
+                            "refused": [{"item": described(i), "why": why} for i, why in refused],
+                            "cannotRestore": [described(i) for i in lost]})
     else:
         _print_undo(args.dry_run, args.container_id, restored, refused, lost)
     return EXIT_LEFT if refused or skipped else EXIT_OK
