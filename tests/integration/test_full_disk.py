@@ -117,3 +117,70 @@ def test_a_state_lock_held_by_another_process_never_fails_an_allocation(sb):
     finally:
         lock.close()
     sb.settle()
+
+
+def test_an_add_answers_at_once_while_another_process_holds_the_state_lock_and_is_recorded_after(sb):
+    """Never stall an allocation for a lock someone else holds: with the default lockTimeout (10 s) and the state
+    lock held by another process (an operator's long sweep), the ADD answers within RECORD_WAIT (1 s) and its
+    traffic flows; once the lock is free the attachment is recorded (after the answer), not lost."""
+    import fcntl
+    import time
+
+    ips_of(sb.driver("add", unique("alloc-"), sb.container(), ()))  # the state directory is there
+    lock = open(sb.state_dir() / ".lock", "a")  # noqa: SIM115 - held across the ADD below
+    cid, netns = unique("alloc-"), sb.container()
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        ips = ips_of(sb.driver("add", cid, netns, ("8098:80/tcp",), settle=False))
+        took = time.monotonic() - started
+        assert took < 5, f"the ADD took {took:.1f} s while the state lock was held (lockTimeout 10 s)"
+        assert sb.reach(netns, "172.26.64.1", 8098, "served") == "served"
+        assert sb.record(cid) is None and "recorded after the answer" in sb.log_file.read_text()
+    finally:
+        lock.close()
+    sb.settle()
+    record = sb.record(cid)
+    assert record is not None, "the attachment was never recorded"
+    assert sorted(i["address"] for i in record["current"]["ips"]) == sorted(i.split("/")[0] for i in ips)
+    assert "was not recorded" not in sb.log_file.read_text()
+
+
+@pytest.mark.parametrize("op", ["del", "check"])
+def test_a_del_or_check_answers_at_once_while_another_process_holds_the_state_lock(sb, op):
+    """The same for DEL and CHECK: the runtime's call answers within BRIEF_WAIT while another process holds the
+    state lock (default lockTimeout, 10 s); cni-reaper's part runs once the lock is free: the DEL's record torn
+    down (or dropped) and nothing of the allocation left, the CHECK's record kept."""
+    import fcntl
+    import time
+
+    cid, netns = unique("alloc-"), sb.container()
+    conflist = sb.conflist()
+    added = sb.driver("add", cid, netns, ("8097:80/tcp",), conflist)
+    ips = ips_of(added)
+    lock = open(sb.state_dir() / ".lock", "a")  # noqa: SIM115 - held across the call below
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        if op == "del":  # the whole chain, as the runtime calls it
+            done = sb.driver(op, cid, netns, ("8097:80/tcp",), conflist, settle=False, status=False)
+            rc, err = done.returncode, done.stdout + done.stderr
+        else:  # cni-reaper's CHECK alone (the plugins' own CHECK is theirs to pass), not waiting for its after-work
+            env = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
+                   "CNI_PATH": f"{sb.plugin_dir}:{sb.plugins}"}
+            done = sb.run([str(sb.plugin_dir / "cni-reaper")], env=env, input=json.dumps(_reaper_conf(conflist, added.stdout)))
+            rc, err = done.returncode, done.stderr
+        took = time.monotonic() - started
+        assert rc == 0, err
+        assert took < 5, f"{op} took {took:.1f} s while the state lock was held (lockTimeout 10 s)" + \
+            sb.log_file.read_text()[-2000:]
+        assert "after the answer" in sb.log_file.read_text()
+    finally:
+        lock.close()
+    sb.settle()
+    record = sb.record(cid)
+    if op == "del":
+        assert record is None or record["deleted"] is not None
+        assert sb.residue(NET, cid, ips) == []
+    else:
+        assert record is not None and record["deleted"] is None

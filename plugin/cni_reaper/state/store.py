@@ -26,6 +26,10 @@ from cni_reaper.state.safedir import SafeDir
 from cni_reaper.values import Key
 
 LOCK_NAME = ".lock"
+# how long a CNI verb (ADD, CHECK, DEL) waits for the state lock before its answer; past it (another process holds
+# it: an operator's long sweep, a burst of calls), its bookkeeping runs after the answer (cni/afterwards.py),
+# waiting lockTimeout there: no allocation waits on another process's hold
+BRIEF_WAIT = 1.0
 CORRUPT_SUFFIX = ".corrupt"
 
 

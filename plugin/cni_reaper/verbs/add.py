@@ -10,10 +10,10 @@ if TYPE_CHECKING:
     from cni_reaper.state.record import Life
 
 from cni_reaper import log
-from cni_reaper.errors import INVALID_CONFIG, CniError
+from cni_reaper.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 from cni_reaper.gojson import lookup
 from cni_reaper.state.record import RecordSettings, merge
-from cni_reaper.state.store import Store
+from cni_reaper.state.store import BRIEF_WAIT, Store
 from cni_reaper.verbs.recording import current_life, host_ports
 
 
@@ -32,29 +32,63 @@ def run(inv: Invocation) -> dict[str, Any]:
     current = current_life(inv)
     cached_unrecorded = False
     try:
-        cached_unrecorded = _record(inv, current)
-    except (CniError, OSError) as err:  # its own bookkeeping never fails an ADD the chain accepted (a full disk, a lock)
-        from cni_reaper.state import counters
+        cached_unrecorded = _record(inv, current, BRIEF_WAIT)
+    except CniError as err:
+        if err.code != TRY_AGAIN_LATER or conf.lockTimeout <= BRIEF_WAIT:
+            _unrecorded(inv, err)
+        else:  # another process holds the state lock: the allocation does not wait for it
+            log.info("the state lock is held by another process: this attachment is recorded after the answer",
+                     waited=BRIEF_WAIT)
+            from cni_reaper.cni.afterwards import later
 
-        log.error("the attachment was not recorded (cni-reaper's own bookkeeping); the allocation goes on, and it is "
-                  "judged later as one from before installation (libcni's cache, host-local's reservations)",
-                  error=getattr(err, "msg", None) or str(err),
-                  fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
-        counters.unrecorded(conf.stateDir)
+            later(lambda: _record_after_the_answer(inv, current), conf.stateDir)
+            return _answer(inv)
+    except OSError as err:
+        _unrecorded(inv, err)
     if conf.portMappings:
         _look(inv, current, cached_unrecorded)
-    result = dict(conf.prevResult)
+    return _answer(inv)
+
+
+def _answer(inv: Invocation) -> dict[str, Any]:
+    """The chain's result, passed through (with the call's CNI version when it names none)."""
+    result = dict(inv.conf.prevResult)
     if not lookup(result, "cniVersion")[0]:
         result["cniVersion"] = inv.version
     return result
 
 
-def _record(inv: Invocation, current: Life) -> bool:
+def _unrecorded(inv: Invocation, err: CniError | OSError) -> None:
+    """Its own bookkeeping never fails an ADD the chain accepted (a full disk, a lock held past lockTimeout): said
+    in the log and the metrics, and the attachment judged later as one from before installation."""
+    from cni_reaper.state import counters
+
+    log.error("the attachment was not recorded (cni-reaper's own bookkeeping); the allocation goes on, and it is "
+              "judged later as one from before installation (libcni's cache, host-local's reservations)",
+              error=getattr(err, "msg", None) or str(err),
+              fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
+    counters.unrecorded(inv.conf.stateDir)
+
+
+def _record_after_the_answer(inv: Invocation, current: Life) -> None:
+    """The recording (and the look at who else maps its host ports) of an ADD that answered while another
+    process held the state lock: it waits lockTimeout now. Never raises."""
+    try:
+        _record(inv, current)
+    except (CniError, OSError) as err:
+        _unrecorded(inv, err)
+    except Exception as exc:  # noqa: BLE001 - nobody is left to hear it: logged
+        log.error("the attachment was not recorded", error=f"{type(exc).__name__}: {exc}")
+    if inv.conf.portMappings:
+        _look_at_host_ports(inv, current)
+
+
+def _record(inv: Invocation, current: Life, wait: float | None = None) -> bool:
     """Record the new life under the state lock (its addresses are protected from then on), then sweep what
     dead attachments left. Returns whether libcni caches an attachment that has no record (one from before
     installation, or of a network without cni-reaper: it may map the host ports this ADD was given)."""
     conf = inv.conf
-    with Store.session(conf.stateDir, conf.lockTimeout) as store:
+    with Store.session(conf.stateDir, conf.lockTimeout, wait=wait) as store:
         if store.waited > 0.1:
             log.info("waited for the state lock", seconds=round(store.waited, 3))
         existing = store.load(conf.name, inv.container_id, inv.ifname)
@@ -104,7 +138,6 @@ def _look_at_host_ports(inv: Invocation, current: Life, wait: float | None = Non
     with the tools of each world (milliseconds). Before the answer (`wait`: how long the state lock may be
     waited for) it returns False when the lock stayed held (the look is then left for after the answer); after
     it, True. Never raises."""
-    from cni_reaper.errors import TRY_AGAIN_LATER
     from cni_reaper.reap.engine import port_look
 
     try:

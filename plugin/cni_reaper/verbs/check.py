@@ -9,11 +9,11 @@ if TYPE_CHECKING:
     from cni_reaper.state.record import Life
 
 from cni_reaper import log
-from cni_reaper.errors import INVALID_CONFIG, UNKNOWN_CONTAINER, CniError
+from cni_reaper.errors import INVALID_CONFIG, TRY_AGAIN_LATER, UNKNOWN_CONTAINER, CniError
 from cni_reaper.reap import probes
 from cni_reaper.reap.engine import verb_pass
 from cni_reaper.state.record import RecordSettings, merge, same_life
-from cni_reaper.state.store import Store
+from cni_reaper.state.store import BRIEF_WAIT, Store
 from cni_reaper.verbs.recording import current_life
 
 
@@ -32,20 +32,42 @@ def run(inv: Invocation) -> None:
         raise CniError(UNKNOWN_CONTAINER, f"{inv.netns} is not a network namespace",
                        "the container's network namespace is gone; the runtime should recreate the network")
     try:
-        _adopt(inv, current)
-    except (CniError, OSError) as err:  # its own bookkeeping never fails a CHECK (Nomad would recreate the network)
-        log.error("CHECK could not look at or repair the record; the allocation goes on",
-                  error=getattr(err, "msg", None) or str(err),
-                  fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
+        _adopt(inv, current, BRIEF_WAIT)
+    except CniError as err:
+        if err.code != TRY_AGAIN_LATER or conf.lockTimeout <= BRIEF_WAIT:
+            _not_adopted(err)
+        else:  # another process holds the state lock: the allocation does not wait for it
+            from cni_reaper.cni.afterwards import later
+
+            log.info("the state lock is held by another process: the record is looked at after the answer")
+            later(lambda: _adopt_after_the_answer(inv, current), conf.stateDir)
+    except OSError as err:
+        _not_adopted(err)
     return None
 
 
-def _adopt(inv: Invocation, current: Life) -> None:
+def _not_adopted(err: CniError | OSError) -> None:
+    """Its own bookkeeping never fails a CHECK (Nomad would recreate the network): logged."""
+    log.error("CHECK could not look at or repair the record; the allocation goes on",
+              error=getattr(err, "msg", None) or str(err),
+              fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
+
+
+def _adopt_after_the_answer(inv: Invocation, current: Life) -> None:
+    try:
+        _adopt(inv, current)
+    except (CniError, OSError) as err:
+        _not_adopted(err)
+    except Exception as exc:  # noqa: BLE001 - nobody is left to hear it: logged
+        log.error("CHECK could not look at or repair the record", error=f"{type(exc).__name__}: {exc}")
+
+
+def _adopt(inv: Invocation, current: Life, wait: float | None = None) -> None:
     """The record must describe this attachment: a record of cni-reaper 0.2 gets what it lacks; a missing or
     stale one is repaired (the earlier life kept for clean-up); then the sweep."""
     conf = inv.conf
     settings = RecordSettings.of_conf(conf)
-    with Store.session(conf.stateDir, conf.lockTimeout) as store:
+    with Store.session(conf.stateDir, conf.lockTimeout, wait=wait) as store:
         existing = store.load(conf.name, inv.container_id, inv.ifname)
         if existing is not None and existing.deleted is None and same_life(existing.current, current):
             if existing.settings is None:  # a record of cni-reaper 0.2: keep what it proved, add the rest

@@ -123,13 +123,14 @@ def _run(inv: Invocation, beside: bool = False) -> None:
     """The DEL, in a straight line under the state lock: load its record, judge what of it must go now,
     mark it torn down, plan and apply that with the sweep of the other dead attachments, settle the mark.
     `beside`: run while the downstream plugins' DEL runs (can_wait said nothing must go first)."""
+    from cni_reaper.errors import TRY_AGAIN_LATER
     from cni_reaper.reap.engine import View
-    from cni_reaper.state.store import Store
+    from cni_reaper.state.store import BRIEF_WAIT, Store
 
     conf = inv.conf
     view = View()
     try:
-        with Store.session(conf.stateDir, conf.lockTimeout, create=False) as store:
+        with Store.session(conf.stateDir, conf.lockTimeout, create=False, wait=None if beside else BRIEF_WAIT) as store:
             record = store.load(conf.name, inv.container_id, inv.ifname)
             if record is None:
                 log.info("no record for this attachment; nothing of it to remove")
@@ -142,6 +143,21 @@ def _run(inv: Invocation, beside: bool = False) -> None:
             outcome = verb_pass(store, conf, exclude=exclude, extra=extra, view=view)
             _settle(store, record, outcome, extra)
     except CniError as err:
+        if err.code == TRY_AGAIN_LATER and not beside and conf.lockTimeout > BRIEF_WAIT:
+            # another process holds the state lock: the allocation does not wait for it; the DEL's own part runs
+            # after the answer, beside the other plugins' DEL (what must go first is left for the next sweep)
+            from cni_reaper.cni.afterwards import later
+
+            log.info("the state lock is held by another process: this DEL's part runs after the answer")
+            later(lambda: _after_the_answer(inv), conf.stateDir)
+            return None
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.
         log.warn("DEL could not use the state directory; continuing", error=err.msg, details=err.details)
     return None
+
+
+def _after_the_answer(inv: Invocation) -> None:
+    try:
+        _run(inv, beside=True)
+    except Exception as exc:  # noqa: BLE001 - nobody is left to hear it: logged
+        log.warn("DEL's part after the answer failed", error=f"{type(exc).__name__}: {exc}")
