@@ -493,10 +493,9 @@ def _strict_int(v: Any) -> Any:
     return v
 
 
-def _args(v: Dict[str, str]) -> Dict[str, str]:
-    if len(v) > MAX_ARGS or any(len(k) > MAX_ARG_KEY or len(x) > MAX_ARG_VALUE for k, x in v.items()):
-        raise ValueError("cniArgs past the limits")
-    return v
+# CNI_ARGS as a record keeps them: at most MAX_ARGS pairs, each key and value within its limit
+CniArgs = Annotated[Dict[Annotated[str, Field(max_length=MAX_ARG_KEY)], Annotated[str, Field(max_length=MAX_ARG_VALUE)]],
+                    Field(max_length=MAX_ARGS)]
 
 
 class RecordV1(BaseModel):
@@ -511,11 +510,9 @@ class RecordV1(BaseModel):
     ifname: str = Field(max_length=MAX_TEXT)
     current: LifeV1
     earlier: List[LifeV1] = Field(max_length=MAX_EARLIER_INCARNATIONS)
-    cniArgs: Dict[str, str]
+    cniArgs: CniArgs
     pluginVersion: str = Field(max_length=MAX_TEXT)
     deleted: Optional[TombstoneV1]
-
-    _cni_args = field_validator("cniArgs")(classmethod(lambda cls, v: _args(v)))
 
 
 class Left(BaseModel):
@@ -554,13 +551,11 @@ class Record(BaseModel):
     ifname: str = Field(max_length=MAX_TEXT)
     current: Life
     earlier: List[Life] = Field(max_length=MAX_EARLIER_INCARNATIONS)
-    cniArgs: Dict[str, str]
+    cniArgs: CniArgs
     settings: Optional[RecordSettings]
     pluginVersion: str = Field(max_length=MAX_TEXT)
     deleted: Optional[Tombstone]
     left: Optional[Union[Held, Left]] = None  # may be absent
-
-    _cni_args = field_validator("cniArgs")(classmethod(lambda cls, v: _args(v)))
 
 
 def record_problem(doc: Any) -> Optional[str]:

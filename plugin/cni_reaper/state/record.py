@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 from cni_reaper import __version__
 from cni_reaper.state.names import MAX_RECORD_BYTES  # noqa: F401 - the records' limit, beside the fields' own
+from cni_reaper.state.record_checks import check_Record, check_RecordV1
+from cni_reaper.state.times import iso_at, iso_now, parse_time
 from cni_reaper.values import Key, Value
 
 SCHEMA = 2
@@ -46,84 +48,7 @@ MAX_LINK = 15  # a link name (IFNAMSIZ - 1)
 # MAX_RECORD_BYTES (state/names.py) is larger than any record the limits above allow
 
 
-# -- times (ISO 8601 UTC, microseconds; no datetime import on the hot path) ---------------------------
-_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-_ZONES = ("", "Z", "+00:00", "-00:00")
-
-
-def iso_now() -> str:
-    return iso_at(time.time())
-
-
-def iso_at(when: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1e6):06d}Z"
-
-
-def parse_time(text: Any) -> float:
-    """Seconds since the epoch of YYYY-MM-DDTHH:MM:SS[.f{1,6}] in UTC (Z, +00:00, -00:00 or no zone), as
-    iso_now() and pydantic write it. The one parser of record times: the check of a record read back
-    (`problem`) and every reader use it, so a time the check lets through is a time every reader reads.
-    ValueError otherwise (checked by hand: `re` costs milliseconds to import)."""
-    if not isinstance(text, str) or len(text) < 19 or not text.isascii():
-        raise _not_a_time(text)
-    y, mo, d, h, mi, sec = _clock(text)
-    fraction = _fraction(text)
-    if not (_a_day(y, mo, d) and h < 24 and mi < 60 and sec < 60):
-        raise ValueError(f"not a date: {text!r}"[:120])
-    return _days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec + fraction
-
-
-def _a_day(y: int, mo: int, d: int) -> bool:
-    """Whether year `y`, month `mo`, day `d` is a day of the proleptic Gregorian calendar."""
-    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
-    return y > 0 and 1 <= mo <= 12 and 1 <= d <= (_DAYS[mo - 1] if mo != 2 or leap else 28)
-
-
-def _not_a_time(text: Any) -> ValueError:
-    return ValueError(f"not a record time: {text!r}"[:120])
-
-
-def _clock(v: str) -> tuple[int, ...]:
-    """Year, month, day, hour, minute, second of YYYY-MM-DDTHH:MM:SS (ValueError when it has not that shape)."""
-    if v[4] != "-" or v[7] != "-" or v[10] != "T" or v[13] != ":" or v[16] != ":":
-        raise _not_a_time(v)
-    fields = (v[0:4], v[5:7], v[8:10], v[11:13], v[14:16], v[17:19])
-    if not all(f.isdigit() for f in fields):
-        raise _not_a_time(v)
-    return tuple(int(f) for f in fields)
-
-
-def _fraction(v: str) -> float:
-    """The fraction of a second after the seconds (.f{1,6}, or none), the zone after it being UTC's."""
-    tail, fraction = v[19:], 0.0
-    if tail.startswith("."):
-        n = 1
-        while n < len(tail) and tail[n].isdigit():
-            n += 1
-        if not 2 <= n <= 7:
-            raise _not_a_time(v)
-        fraction, tail = float(tail[:n]), tail[n:]
-    if tail not in _ZONES:
-        raise ValueError(f"record times are UTC: {v!r}"[:120])
-    return fraction
-
-
-def _days_from_civil(y: int, m: int, d: int) -> int:
-    """Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm)."""
-    y -= m <= 2
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468
-
-
-def _time_ok(v: Any) -> bool:
-    try:
-        parse_time(v)
-        return True
-    except ValueError:
-        return False
+# -- times: state/times.py (the one parser of record times) ------------------------------------------
 
 
 # -- the typed model -----------------------------------------------------------------------------------
@@ -568,171 +493,15 @@ def _upgrade_life(life: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- checking what was read back ----------------------------------------------------------------------
-# models.Record is the schema; this says the same (tests/unit/test_schema.py holds the two together).
-PROTOCOLS = ("tcp", "udp", "sctp")
-
-
+# models.Record (and RecordV1) is the schema: state/record_checks.py is generated from it (scripts/generate.py).
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _text(v: Any, limit: int = MAX_TEXT) -> bool:
-    return isinstance(v, str) and len(v) <= limit
-
-
-def _keys(d: Any, required: frozenset, optional: frozenset = frozenset()) -> bool:
-    if not isinstance(d, dict):
-        return False
-    keys = d.keys()
-    return keys == required or (keys >= required and keys <= required | optional)
-
-
-def _ints(d: Any, names: frozenset) -> bool:
-    return _keys(d, names) and all(_is_int(d[n]) for n in names)
-
-
-_LIFE = {1: frozenset(("netns", "netnsId", "ips", "portMappings", "createdAt")),
-         2: frozenset(("netns", "netnsId", "netnsDir", "host", "veth", "ips", "portMappings", "createdAt"))}
-_NETNS_ID = frozenset(("dev", "ino"))
-_NETNS_ID2 = frozenset(("dev", "ino", "ctime"))
-_DIR_ID = frozenset(("dev", "ino", "groups"))
-_HOST = frozenset(("boot", "machine", "netns", "mnt"))
-_VETH = frozenset(("name", "ifindex"))
-_IP = {1: frozenset(("address", "prefix", "family")), 2: frozenset(("address", "prefix", "family", "reservation"))}
-_RESERVATION = frozenset(("dataDir", "dev", "ino", "mtime", "ctime"))
-_PORT = frozenset(("hostPort", "containerPort", "protocol", "hostIP"))
-_RECORD = {1: frozenset(("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs",
-                         "pluginVersion", "deleted")),
-           2: frozenset(("schema", "network", "containerID", "ifname", "current", "earlier", "cniArgs", "settings",
-                         "pluginVersion", "deleted"))}
-_RECORD_OPTIONAL = {1: frozenset(), 2: frozenset(("left",))}
-_LEFT = frozenset(("at", "why"))
-_LEFT_HELD = frozenset(("retryAt", "tries"))
-_SETTINGS = frozenset(("ipamDataDir", "cniCacheDir", "backend"))
-_TOMBSTONE = {1: frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings")),
-              2: frozenset(("at", "netnsGone", "hadPrevResult", "hadPortMappings", "verify", "cached"))}
-_TOMBSTONE_OPTIONAL = {1: frozenset(("verify",)), 2: frozenset()}
-
-
-def _netns_id_problem(ns: Any, schema: int) -> bool:
-    if ns is None:
-        return False
-    if schema == 1:
-        return not _ints(ns, _NETNS_ID)
-    return not (_keys(ns, _NETNS_ID2) and _is_int(ns["dev"]) and _is_int(ns["ino"])
-                and (ns["ctime"] is None or _is_int(ns["ctime"])))
-
-
-def _evidence_problem(life: dict[str, Any]) -> bool:
-    """Whether the schema 2 fields of a life are malformed."""
-    d, host, veth = life["netnsDir"], life["host"], life["veth"]
-    return ((d is not None and not _dir_ok(d)) or (host is not None and not _host_ok(host))
-            or (veth is not None and not (_keys(veth, _VETH) and _text(veth["name"], MAX_LINK)
-                                          and _is_int(veth["ifindex"]))))
-
-
-def _dir_ok(d: Any) -> bool:
-    return (_keys(d, _DIR_ID) and _is_int(d["dev"]) and _is_int(d["ino"]) and isinstance(d["groups"], list)
-            and len(d["groups"]) <= 8 and all(_is_int(g) for g in d["groups"]))
-
-
-def _host_ok(host: Any) -> bool:
-    return (_keys(host, _HOST) and _text(host["boot"], MAX_HOST) and _text(host["machine"], MAX_HOST)
-            and _is_int(host["netns"]) and _is_int(host["mnt"]))
-
-
-def _ip_problem(ip: Any, schema: int) -> bool:
-    if not (_keys(ip, _IP[schema]) and isinstance(ip["address"], str) and len(ip["address"]) <= 64
-            and _is_int(ip["prefix"]) and 0 <= ip["prefix"] <= 128 and _is_int(ip["family"]) and ip["family"] in (4, 6)):
-        return True
-    r = ip.get("reservation")
-    return r is not None and not (_keys(r, _RESERVATION) and _text(r["dataDir"], MAX_DIR)
-                                  and all(_is_int(r[k]) for k in ("dev", "ino", "mtime", "ctime")))
-
-
-def _port_ok(p: Any) -> bool:
-    return (_keys(p, _PORT) and _is_int(p["hostPort"]) and 1 <= p["hostPort"] <= 65535 and _is_int(p["containerPort"])
-            and 1 <= p["containerPort"] <= 65535 and p["protocol"] in PROTOCOLS and isinstance(p["hostIP"], str)
-            and len(p["hostIP"]) <= 64)
-
-
-def _life_problem(life: Any, schema: int) -> str | None:
-    if not _keys(life, _LIFE[schema]):
-        return "life: not an object with exactly the keys of its schema"
-    if not _text(life["netns"]) or not _time_ok(life["createdAt"]):
-        return "life: bad netns or createdAt"
-    if _netns_id_problem(life["netnsId"], schema):
-        return "life: bad netnsId"
-    if schema == 2 and _evidence_problem(life):
-        return "life: bad netnsDir, host or veth"
-    return _lists_problem(life, schema)
-
-
-def _lists_problem(life: dict[str, Any], schema: int) -> str | None:
-    """What is wrong with a life's addresses or port mappings (None: nothing)."""
-    ips, ports = life["ips"], life["portMappings"]
-    if not isinstance(ips, list) or len(ips) > MAX_IPS or any(_ip_problem(ip, schema) for ip in ips):
-        return f"life: bad ips (at most {MAX_IPS})"
-    if not isinstance(ports, list) or len(ports) > MAX_PORTS or not all(_port_ok(p) for p in ports):
-        return f"life: bad portMappings (at most {MAX_PORTS})"
-    return None
-
-
-def _head_problem(data: dict[str, Any], schema: int) -> str | None:
-    if not all(_text(data[k]) for k in ("network", "containerID", "ifname", "pluginVersion")):
-        return "network, containerID, ifname and pluginVersion must be strings"
-    if not isinstance(data["earlier"], list) or len(data["earlier"]) > MAX_EARLIER:
-        return f"earlier must be a list of at most {MAX_EARLIER} lives"
-    if not _args_ok(data["cniArgs"]):
-        return "cniArgs must map strings to strings (within the limits)"
-    if schema == 2:
-        s = data["settings"]
-        if s is not None and not (_keys(s, _SETTINGS) and all(_text(s[k]) for k in _SETTINGS)):
-            return "bad settings"
-    return None
-
-
-def _args_ok(args: Any) -> bool:
-    return isinstance(args, dict) and len(args) <= MAX_ARGS and all(
-        isinstance(v, str) and len(k) <= MAX_ARG_KEY and len(v) <= MAX_ARG_VALUE for k, v in args.items())
-
-
-def _tombstone_problem(dead: Any, schema: int) -> bool:
-    if dead is None:
-        return False
-    if not (_keys(dead, _TOMBSTONE[schema], _TOMBSTONE_OPTIONAL[schema]) and _time_ok(dead["at"])):
-        return True
-    return not all(isinstance(v, bool) or (k == "cached" and v is None) for k, v in dead.items() if k != "at")
-
-
-def _left_problem(left: Any) -> bool:
-    if left is None:
-        return False
-    if not (_keys(left, _LEFT) or _keys(left, _LEFT | _LEFT_HELD)):
-        return True
-    if not (_time_ok(left["at"]) and _text(left["why"])):
-        return True
-    return "retryAt" in left and not (_time_ok(left["retryAt"]) and _is_int(left["tries"])
-                                      and 1 <= left["tries"] <= HELD_MAX_TRIES)
-
-
 def problem(data: Any) -> str | None:
     """Why `data` is not a record (None when it is one): what models.Record (schema 2) and models.RecordV1 say,
-    in plain Python."""
+    through the checks generated from them (state/record_checks.py)."""
     if not isinstance(data, dict) or not _is_int(data.get("schema")) or data["schema"] not in SCHEMAS:
         return f"not a record of schema {' or '.join(map(str, SCHEMAS))}"
-    schema = data["schema"]
-    if not _keys(data, _RECORD[schema], _RECORD_OPTIONAL[schema]):
-        return "not an object with exactly the record's keys"
-    if _left_problem(data.get("left")):
-        return "bad left"
-    head = _head_problem(data, schema)
-    if head:
-        return head
-    for life in [data["current"], *data["earlier"]]:
-        err = _life_problem(life, schema)
-        if err:
-            return err
-    if _tombstone_problem(data["deleted"], schema):
-        return "bad tombstone"
-    return None
+    where = (check_Record if data["schema"] == 2 else check_RecordV1)(data)
+    return None if where is None else f"{where}: not as a record of schema {data['schema']} has it (models.py)"
