@@ -21,22 +21,22 @@ def test_something_left_of_the_attachment_is_not_finished_whatever_the_words():
     for what, why in (("10.0.0.2", "held by x"), ("", "its chains stay, another life of it is there"),
                       ("fd00::2", "reservation not verified gone (reworded)")):
         out = Outcome()
-        out.leave(KEY[0], KEY[1], what, why)
+        out.spare(KEY[0], KEY[1], what, why)
         out.skipped = ["a message in other words entirely"]  # the text says nothing the DEL reads
         assert not _finished(record(), out, [])
 
 
 def test_what_was_left_of_another_container_or_network_does_not_count():
     out = Outcome()
-    out.leave(KEY[0], "alloc-10", "10.0.0.3", "held by y")  # a container ID that starts with ours
-    out.leave("other", KEY[1], "", "its chains stay")
+    out.spare(KEY[0], "alloc-10", "10.0.0.3", "held by y")  # a container ID that starts with ours
+    out.spare("other", KEY[1], "", "its chains stay")
     assert _finished(record(), out, [])
-    out.leave(KEY[0], KEY[1], "", "its chains stay")
+    out.spare(KEY[0], KEY[1], "", "its chains stay")
     assert not _finished(record(), out, [])
 
 
 def test_merged_outcomes_keep_what_was_left():
     a, b = Outcome(), Outcome()
-    b.leave(KEY[0], KEY[1], "10.0.0.2", "why")
+    b.spare(KEY[0], KEY[1], "10.0.0.2", "why")
     a.merge(b)
-    assert a.left_of(KEY) and not _finished(record(), a, [])
+    assert a.spared_of(KEY) and not _finished(record(), a, [])

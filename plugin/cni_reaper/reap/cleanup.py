@@ -105,22 +105,22 @@ def _narrow_one(t: Target, claims: Claims, outcome: Outcome) -> tuple[Target, se
     runtime when the claims cannot see every holder, held when a reservation naming it is not its own."""
     doubt = claims.unreserved_doubt(t) if t.reserved_in else None
     if doubt is not None:  # not proven dead: nothing of it is touched
-        outcome.leave(t.network, t.container_id, "", doubt)
+        outcome.spare(t.network, t.container_id, "", doubt)
         outcome.waiting[t.key] = doubt
         return t.replace(dead_ips=frozenset(), whole=False, any_source=False, parts=frozenset()), set()
     kin_free = frozenset(ip for ip in t.dead_ips if claims.kin_free(t, ip))
     whole = t.whole and claims.container_free(t)
-    _say_left(t, kin_free, whole, claims, outcome)
+    _say_spared(t, kin_free, whole, claims, outcome)
     return t.narrowed(kin_free, whole), {ip for ip in kin_free if not claims.ip_free(t, ip)}
 
 
-def _say_left(t: Target, kin_free: frozenset[str], whole: bool, claims: Claims, outcome: Outcome) -> None:
+def _say_spared(t: Target, kin_free: frozenset[str], whole: bool, claims: Claims, outcome: Outcome) -> None:
     """What of t the claims keep, and why, into the outcome: waiting for the runtime's DEL or GC when the claims
     cannot see every holder; held (its record stays) when a reservation naming it is not its own."""
     for ip in sorted(t.dead_ips - kin_free):
-        outcome.leave(t.network, t.container_id, ip, claims.why_kept(t, ip))
+        outcome.spare(t.network, t.container_id, ip, claims.why_kept(t, ip))
     if t.whole and not whole:
-        outcome.leave(t.network, t.container_id, "", claims.why_chains_kept(t))
+        outcome.spare(t.network, t.container_id, "", claims.why_chains_kept(t))
     unseen = claims.unseen(t)
     if unseen is not None:
         outcome.waiting[t.key] = unseen
@@ -397,4 +397,4 @@ def _verify_dir(t: Target, ip: str, dirs: dict[tuple[str, str], NetworkDir], out
     else:
         why = f"{e.data_dir}/{t.network} here is on another file system than when recorded"
     outcome.unverified.add(t.key)
-    outcome.leave(t.network, t.container_id, ip, f"reservation not verified gone ({why})")
+    outcome.spare(t.network, t.container_id, ip, f"reservation not verified gone ({why})")

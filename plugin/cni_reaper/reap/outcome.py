@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 class Outcome:
-    __slots__ = ("backends", "counts", "errors", "failed", "held", "left", "removed", "skipped", "unknown",
+    __slots__ = ("backends", "counts", "errors", "failed", "held", "removed", "skipped", "spared", "unknown",
                  "unverified", "waiting", "would", "would_counts")
 
     def __init__(self) -> None:
@@ -19,7 +19,7 @@ class Outcome:
         self.failed: set[Key] = set()  # something could not be removed: the record is kept
         self.unverified: set[Key] = set()  # a leftover could not be looked at: the record is kept
         self.skipped: list[str] = []  # what was left on purpose, and why (the text the log and the CLI say)
-        self.left: dict[tuple[str, str], list[str]] = {}  # (network, container ID) -> why something of it was left
+        self.spared: dict[tuple[str, str], list[str]] = {}  # (network, container ID) -> why something of it was spared
         self.errors: list[str] = []
         self.backends: dict[int, str] = {}  # family -> backend name
         self.counts: dict[tuple[str, str], int] = {}  # (network, kind) -> items removed
@@ -41,15 +41,15 @@ class Outcome:
     def kept(self) -> set[Key]:
         return self.failed | self.unverified
 
-    def leave(self, network: str, container_id: str, what: str, why: str) -> None:
-        """Something of the attachments of (network, container ID) left on purpose: `what` (an address, or ""
-        for the container's chains) and why."""
-        self.left.setdefault((network, container_id), []).append(why)
+    def spare(self, network: str, container_id: str, what: str, why: str) -> None:
+        """Something of the attachments of (network, container ID) spared, left on purpose: `what` (an address,
+        or "" for the container's chains) and why."""
+        self.spared.setdefault((network, container_id), []).append(why)
         self.skipped.append(f"{network} {container_id}{' ' + what if what else ''}: {why}")
 
-    def left_of(self, key: Key) -> bool:
-        """Whether this clean-up left something of attachment `key`'s container on its network on purpose."""
-        return key.owner in self.left
+    def spared_of(self, key: Key) -> bool:
+        """Whether this clean-up spared something of attachment `key`'s container on its network."""
+        return key.owner in self.spared
 
     def note(self, key: Key, what: str, kind: str, n: int = 1) -> None:
         """One removal (or `n` of a kind counted as one line: conntrack entries) of attachment `key`."""
@@ -64,8 +64,8 @@ class Outcome:
         self.failed |= other.failed
         self.unverified |= other.unverified
         self.skipped += other.skipped
-        for owner, whys in other.left.items():
-            self.left.setdefault(owner, []).extend(whys)
+        for owner, whys in other.spared.items():
+            self.spared.setdefault(owner, []).extend(whys)
         self.errors += other.errors
         self.backends.update(other.backends)
         for why, n in other.unknown.items():

@@ -65,7 +65,7 @@ def _finished(record: Record, outcome: Outcome | None, extra: list[Target]) -> b
         return False
     k = record.key
     return (k not in outcome.kept and k not in outcome.would and k not in outcome.held and not outcome.errors
-            and not outcome.left_of(k))
+            and not outcome.spared_of(k))
 
 
 def _now(record: Record | None, inv: Invocation, view: View, beside: bool, now: NetnsNow) -> tuple[list[Target], bool]:

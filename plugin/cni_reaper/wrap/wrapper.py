@@ -71,7 +71,7 @@ def main(name: str) -> int:
     if mine and command == "DEL":
         own_part.run(stdin, None)
     after = mine and command in AFTER
-    meanwhile = (lambda: _prepare(command)) if after else own_part.later if own_part.left else None
+    meanwhile = (lambda: _prepare(command)) if after else own_part.later if own_part.beside else None
     try:
         code, out = spawn.run(plugin, [plugin, *sys.argv[1:]], {**env, NESTED: _ids(own)}, stdin, meanwhile)
     except spawn.ExecFailed as exc:
@@ -210,7 +210,7 @@ class Own:
 
     def __init__(self, command: str, env: dict[str, str], settings: SettingsFile) -> None:
         self.command, self.env, self.settings = command, env, settings
-        self.left: list[Callable[[], None]] = []
+        self.beside: list[Callable[[], None]] = []
         self.budget = settings.wrap_timeout
 
     def run(self, stdin: bytes, result: bytes | None) -> None:
@@ -218,13 +218,13 @@ class Own:
             _quiet(self.settings, self.env)
             conf = conf_for(stdin, result if self.command == "ADD" else None, self.settings)
             if conf is not None:
-                _serve(self.command, conf, self.env, self.settings, self.left)
+                _serve(self.command, conf, self.env, self.settings, self.beside)
 
         self._within_budget(serve)
 
     def later(self) -> None:
         def work() -> None:
-            for job in self.left:
+            for job in self.beside:
                 job()
 
         self._within_budget(work)
@@ -249,11 +249,11 @@ class Own:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm due before this line is raised here, and caught
         except Budget:
-            self.left = []
+            self.beside = []
             _warn(f"cni-reaper's own work took longer than wrapTimeout ({self.settings.wrap_timeout:g} s) and was "
                   "stopped; a later call finishes it")
         except BaseException as exc:  # noqa: BLE001 - the wrapped plugin's answer stands, whatever happens here
-            self.left = []
+            self.beside = []
             _warn(f"cni-reaper's own work failed: {type(exc).__name__}: {exc}")
         finally:
             signal.signal(signal.SIGALRM, previous)
