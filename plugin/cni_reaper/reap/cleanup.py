@@ -52,7 +52,7 @@ class CleanupOptions:
             self.journal.done(event, removed)
 
 
-def clean(targets: list[Target], holders: dict[Key, set[str]], settings: CleanupOptions) -> Outcome:
+def clean(targets: list[Target], holders: dict[Key, set[str]], options: CleanupOptions) -> Outcome:
     """Remove what `targets` left behind. Never raises: failures are logged and reported in the outcome (the
     caller keeps the record for a retry). `holders` maps the key of every attachment that is live, unknown or
     being deleted to the addresses it holds."""
@@ -60,29 +60,29 @@ def clean(targets: list[Target], holders: dict[Key, set[str]], settings: Cleanup
     if not targets:
         return outcome
     try:
-        _clean_locked(targets, holders, settings, outcome)
+        _clean_locked(targets, holders, options, outcome)
     except Exception as exc:  # noqa: BLE001 - the clean-up never breaks a verb
         outcome.errors.append(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         outcome.failed |= {t.key for t in targets}
-    if not settings.dry_run:
+    if not options.dry_run:
         _log(outcome)
     return outcome
 
 
-def _clean_locked(targets: list[Target], holders: dict[Key, set[str]], settings: CleanupOptions,
+def _clean_locked(targets: list[Target], holders: dict[Key, set[str]], options: CleanupOptions,
                   outcome: Outcome) -> None:
     """The clean-up under host-local's locks of the targets' networks (in every data dir): the claims read,
     the targets narrowed, the rules removed, the conntrack entries cleared, the reservations released."""
     target_dirs = {(e.data_dir, t.network) for t in targets for e in t.expect.values()}
-    target_dirs |= {(d, t.network) for t in targets for d in settings.data_dirs}
-    with locked_dirs(target_dirs, settings.lock_timeout) as dirs:
-        others = [NetworkDir(d, n) for d in settings.data_dirs for n in networks_in(d) if (d, n) not in dirs]
+    target_dirs |= {(d, t.network) for t in targets for d in options.data_dirs}
+    with locked_dirs(target_dirs, options.lock_timeout) as dirs:
+        others = [NetworkDir(d, n) for d in options.data_dirs for n in networks_in(d) if (d, n) not in dirs]
         try:
             claims = Claims(targets, holders, [*dirs.values(), *others])
             narrowed, protected = _narrow(targets, claims, outcome)
-            _clean_netfilter(narrowed, protected, settings, outcome)
-            _clear_conntrack(narrowed, protected, outcome, settings)
-            _release(narrowed, claims, dirs, outcome, settings)
+            _clean_netfilter(narrowed, protected, options, outcome)
+            _clear_conntrack(narrowed, protected, outcome, options)
+            _release(narrowed, claims, dirs, outcome, options)
         finally:
             for d in others:
                 d.close()
@@ -141,33 +141,33 @@ def _log(outcome: Outcome) -> None:
 
 
 # -- netfilter ------------------------------------------------------------------------------------
-def _clean_netfilter(targets: list[Target], protected: dict, settings: CleanupOptions, outcome: Outcome) -> None:
+def _clean_netfilter(targets: list[Target], protected: dict, options: CleanupOptions, outcome: Outcome) -> None:
     from cni_reaper.reap.netfilter.domain import domains
 
     wanted = [t for t in targets if t.parts & NETFILTER_PARTS]
     if not wanted:
         return
-    for domain in domains(wanted, protected, outcome.errors, outcome.failed, settings.backend_for):
+    for domain in domains(wanted, protected, outcome.errors, outcome.failed, options.backend_for):
         if domain.label.startswith("ipv"):
             outcome.backends[int(domain.label[3:])] = domain.backend_name
-        _clean_domain(domain, outcome, settings)
+        _clean_domain(domain, outcome, options)
 
 
 def _owners(domain: Domain) -> dict[tuple[str, str], Key]:
     return {(t.network, t.container_id): t.key for t in domain.targets}
 
 
-def _journaled(domain: Domain, snapshot: Any, ops: list[Any], settings: CleanupOptions) -> str | None:
+def _journaled(domain: Domain, snapshot: Any, ops: list[Any], options: CleanupOptions) -> str | None:
     """Journal the ops (each item with the key of the attachment it was left by), then apply them."""
     owners = _owners(domain)
     items = [dict(item, key=list(owners[op.owner])) for item, op in zip(domain.journal(snapshot, ops), ops)]
-    event = settings.note(items)
+    event = options.note(items)
     domain.apply(ops)
-    settings.noted(event, list(range(len(items))))
+    options.noted(event, list(range(len(items))))
     return event
 
 
-def _clean_domain(domain: Domain, outcome: Outcome, settings: CleanupOptions) -> None:
+def _clean_domain(domain: Domain, outcome: Outcome, options: CleanupOptions) -> None:
     """Read, plan, apply in one transaction; on failure (a concurrent writer changed the tables) read, plan and
     try again; then one operation at a time. A held xtables lock stops at once: a later call will retry.
     What is applied is journaled first (state/journal.py)."""
@@ -178,8 +178,8 @@ def _clean_domain(domain: Domain, outcome: Outcome, settings: CleanupOptions) ->
         try:
             snapshot = domain.read()
             p = domain.plan(snapshot)
-            if p.ops and not settings.dry_run:
-                _journaled(domain, snapshot, p.ops, settings)
+            if p.ops and not options.dry_run:
+                _journaled(domain, snapshot, p.ops, options)
             for op in p.ops:
                 outcome.note(owners[op.owner], f"{domain.label} {op.table} {op.chain}: {op.what}", domain.kinds[op.part])
             _skipped(domain, p, outcome)
@@ -194,10 +194,10 @@ def _clean_domain(domain: Domain, outcome: Outcome, settings: CleanupOptions) ->
             return
         except BackendError:
             continue
-    _apply_one_by_one(domain, outcome, settings)
+    _apply_one_by_one(domain, outcome, options)
 
 
-def _apply_one_by_one(domain: Domain, outcome: Outcome, settings: CleanupOptions) -> None:
+def _apply_one_by_one(domain: Domain, outcome: Outcome, options: CleanupOptions) -> None:
     """The transaction kept failing: apply each operation alone so that one stubborn rule does not keep the
     rest. Whatever fails is logged and the owner's record is kept for a later retry."""
     from cni_reaper.reap.netfilter.interface import BackendError
@@ -213,7 +213,7 @@ def _apply_one_by_one(domain: Domain, outcome: Outcome, settings: CleanupOptions
     for op in p.ops:
         owner = owners[op.owner]
         try:
-            _journaled(domain, snapshot, [op], settings)
+            _journaled(domain, snapshot, [op], options)
             outcome.note(owner, f"{domain.label} {op.table} {op.chain}: {op.what}", domain.kinds[op.part])
         except (BackendError, OSError) as exc:
             outcome.errors.append(f"{domain.label} {op.table} {op.chain} ({op.what}): {exc}")
@@ -229,7 +229,7 @@ def _skipped(domain: Domain, p: Plan, outcome: Outcome) -> None:
 
 
 # -- conntrack and reservations ------------------------------------------------------------------------
-def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, settings: CleanupOptions) -> None:
+def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, options: CleanupOptions) -> None:
     """Once a dead attachment's rules are gone: the conntrack entries whose reply source or original
     destination is one of its dead addresses, never for an address someone else holds (protected). They
     cannot be put back: the journal says they were cleared."""
@@ -239,14 +239,14 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, s
     if not owner_of:
         return
     try:
-        counts = conntrack.count(set(owner_of)) if settings.dry_run else conntrack.clear(set(owner_of))
+        counts = conntrack.count(set(owner_of)) if options.dry_run else conntrack.clear(set(owner_of))
     except conntrack.ConntrackError as exc:
         if exc.errno not in conntrack.UNAVAILABLE:
             outcome.errors.append(f"conntrack: {exc}")  # the entries expire in time; the records are not kept
         return
     items = [{"kind": "conntrack", "key": list(owner_of[ip]), "ip": ip, "entries": n} for ip, n in sorted(counts.items())]
     try:
-        settings.noted(settings.note(items), list(range(len(items))))
+        options.noted(options.note(items), list(range(len(items))))
     except OSError:
         pass  # cleared already: nothing to put back, and the entries are counted below all the same
     for ip, n in sorted(counts.items()):
@@ -265,7 +265,7 @@ def _conntrack_owners(targets: list[Target], protected: dict, outcome: Outcome) 
 
 
 def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], NetworkDir], outcome: Outcome,
-             settings: CleanupOptions) -> None:
+             options: CleanupOptions) -> None:
     """Per dead address that no other life of its container holds: libcni's cached result of the attachment
     forgets it, then its own reservation (if there is one still) is removed. A later DEL of the dead
     attachment (the runtime's, or libcni 1.3's GC) would otherwise hand the address to the firewall plugin,
@@ -274,12 +274,12 @@ def _release(targets: list[Target], claims: Claims, dirs: dict[tuple[str, str], 
     together, before any goes (one fsync, not one per address)."""
     due: list[tuple[Target, Reservation]] = []
     eligible = [t for t in targets if "reservation" in t.parts and t.key not in outcome.failed and t.dead_ips]
-    if not settings.dry_run:
-        _forget(eligible, outcome, settings)
+    if not options.dry_run:
+        _forget(eligible, outcome, options)
     for t in eligible:
         if t.key not in outcome.failed:
-            due += _releasable(t, claims, dirs, outcome, settings.dry_run)
-    released = list(range(len(due))) if settings.dry_run else _release_all(due, dirs, settings, outcome)
+            due += _releasable(t, claims, dirs, outcome, options.dry_run)
+    released = list(range(len(due))) if options.dry_run else _release_all(due, dirs, options, outcome)
     for i in released:
         t, r = due[i]
         outcome.note(t.key, f"host-local reservation {r.network}/{r.ip}", "reservation")
@@ -296,7 +296,7 @@ def _releasable(t: Target, claims: Claims, dirs: dict[tuple[str, str], NetworkDi
     return due
 
 
-def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, str], NetworkDir], settings: CleanupOptions,
+def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, str], NetworkDir], options: CleanupOptions,
                  outcome: Outcome) -> list[int]:
     """Remove the reservations `due`, journaled first, a batch at a time; the indexes of those removed. (One
     after the other: each is a read, a comparison and an unlink, mostly Python; two threads took as long
@@ -308,19 +308,19 @@ def _release_all(due: list[tuple[Target, Reservation]], dirs: dict[tuple[str, st
     released: list[int] = []
     for start, end, dumped in batches(items):
         try:
-            event = settings.note(items[start:end], dumped)
+            event = options.note(items[start:end], dumped)
         except OSError as exc:
             for t, r in due[start:]:
                 outcome.errors.append(f"the journal cannot be written ({exc.strerror}); reservation {r.ip} kept")
                 outcome.failed.add(t.key)
             break
         done = [i for i in range(start, end) if dirs[(due[i][1].data_dir, due[i][1].network)].release(due[i][1])]
-        settings.noted(event, [i - start for i in done])
+        options.noted(event, [i - start for i in done])
         released += done
     return released
 
 
-def _forget(targets: list[Target], outcome: Outcome, settings: CleanupOptions) -> None:
+def _forget(targets: list[Target], outcome: Outcome, options: CleanupOptions) -> None:
     """libcni's cached results of the targets forget their dead addresses, journaled first, a batch at a time;
     a target whose cached result names one and could not be rewritten keeps its reservations (failed)."""
     from cni_reaper.state.journal import batches
@@ -331,11 +331,11 @@ def _forget(targets: list[Target], outcome: Outcome, settings: CleanupOptions) -
              for t, e in jobs]
     for start, end, dumped in batches(items):
         try:
-            event = settings.note(items[start:end], dumped)
+            event = options.note(items[start:end], dumped)
         except OSError:
             failed.update({t.key: t for t, _ in jobs[start:]})
             break
-        settings.noted(event, _forget_batch(jobs[start:end], failed))
+        options.noted(event, _forget_batch(jobs[start:end], failed))
     for t in failed.values():
         outcome.errors.append(f"libcni's cache entry of {t.container_id} may name a dead address and cannot be read or "
                               "rewritten; its reservations are kept")
