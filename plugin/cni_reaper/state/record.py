@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 from cni_reaper import __version__
 from cni_reaper.state.names import MAX_RECORD_BYTES  # noqa: F401 - the records' limit, beside the fields' own
-from cni_reaper.state.record_checks import check_Record, check_RecordV1
 from cni_reaper.state.times import iso_at, iso_now, parse_time
 from cni_reaper.values import Key, Value
 
@@ -500,7 +499,10 @@ def _is_int(v: Any) -> bool:
 
 def problem(data: Any) -> str | None:
     """Why `data` is not a record (None when it is one): what models.Record (schema 2) and models.RecordV1 say,
-    through the checks generated from them (state/record_checks.py)."""
+    through the checks generated from them (state/record_checks.py: imported when a record is first read, which
+    an ADD of a new attachment never does)."""
+    from cni_reaper.state.record_checks import check_Record, check_RecordV1
+
     if not isinstance(data, dict) or not _is_int(data.get("schema")) or data["schema"] not in SCHEMAS:
         return f"not a record of schema {' or '.join(map(str, SCHEMAS))}"
     where = (check_Record if data["schema"] == 2 else check_RecordV1)(data)
