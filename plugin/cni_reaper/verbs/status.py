@@ -67,10 +67,51 @@ def _locked_sweep(conf: Any, view: View) -> None:
     from cni_reaper.reap.engine import verb_pass
     from cni_reaper.state.store import Store
 
-    try:
-        with Store.session(conf.stateDir, conf.lockTimeout, create=False, wait=LOCK_WAIT) as store:
-            verb_pass(store, conf, view=view)
-    except CniError as err:
-        if err.code == TRY_AGAIN_LATER:
+    wait: float | None = LOCK_WAIT
+    while True:
+        try:
+            with Store.session(conf.stateDir, conf.lockTimeout, create=False, wait=wait) as store:
+                verb_pass(store, conf, view=view)
+            return
+        except CniError as err:
+            if err.code != TRY_AGAIN_LATER:
+                return
+            if wait is not None and _recreate_forming(conf):
+                # the ADD that follows fails in host-local unless this sweep releases the old life's reservation
+                log.info("a namespace was put at a recorded path (a recreate): STATUS waits for the state lock",
+                         error=err.msg)
+                wait = None
+                continue
             log.info("sweep skipped: another process holds the state lock; STATUS answered at once, the next "
                      "call sweeps", error=err.msg)
+            return
+
+
+def _recreate_forming(conf: Any) -> bool:
+    """Read without the state lock (another process holds it): whether a recorded life that no DEL tore down has
+    another namespace at its netns path now, a recreate forming (Nomad, after a failed CHECK: a new namespace at
+    the same path, STATUS, then ADD with no DEL). Its STATUS is the sweep that releases the old life's
+    reservation: without it bridge's ADD fails ("duplicate allocation"). Never raises."""
+    from cni_reaper.reap import probes
+    from cni_reaper.state.store import Store
+
+    try:
+        store = Store(conf.stateDir, conf.lockTimeout).open(create=False, read_only=True)
+    except (CniError, OSError):
+        return False
+    try:
+        for r in store.records():
+            recorded = r.current.netns_id
+            if r.deleted is not None or recorded is None:
+                continue
+            try:
+                now = probes.netns_id(r.current.netns)
+            except probes.Unseen:
+                continue
+            if now is not None and not now.same(recorded):
+                return True
+    except (CniError, OSError):
+        return False
+    finally:
+        store.close()
+    return False
