@@ -7,7 +7,8 @@ the sweep and retried later, never reported as "unavailable". Its sweep is the o
 old life's reservation released before bridge's ADD), and runs only when the state lock is free: STATUS
 waits for it LOCK_WAIT at most (another allocation's call holds it for milliseconds), never `lockTimeout`
 (an operator's `sweep --apply --lock-timeout 60` holds it for as long as it runs); when it stays held the
-sweep is skipped, said in the log, and the next call sweeps. The old life's veth goes only when the kernel
+sweep is skipped, said in the log, and the next call sweeps, unless a recreate is forming (`_recreate_forming`):
+then it waits for the lock, since the ADD that follows needs this sweep. The old life's veth goes only when the kernel
 has taken its namespace down, some time after the runtime removed it (under load, seconds): STATUS waits
 for that veth (up to RECREATE_WAIT after the new namespace was made, no lock held; none that a thread is
 still in) and sweeps again once it went."""
