@@ -9,7 +9,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from cni_reaper.reap.outcome import Outcome
+    from cni_reaper.reap.engine import Outcome
     from cni_reaper.state.record import Record
     from cni_reaper.tools.context import Context
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cni_reaper.cni.shell import Invocation
-    from cni_reaper.reap.engine import View
-    from cni_reaper.reap.outcome import Outcome
-    from cni_reaper.reap.targets import Target
+    from cni_reaper.reap.engine import Outcome, Target, View
     from cni_reaper.state.record import Record
     from cni_reaper.state.store import Store
 
