@@ -108,3 +108,15 @@ def test_a_damaged_boots_file_is_written_anew_and_the_first_call_of_a_boot_still
         assert booted.is_file()
     finally:
         store.close()
+
+
+def test_a_per_network_entry_that_is_not_an_object_observes_that_network():
+    """Red team rt42: `"networks": {"N": "observe"}` (a string, a list, a bool) was dropped silently and N was
+    cleaned; a value cni-reaper cannot use observes, and the file says why."""
+    from cni_reaper.cni.settings_file import _take
+
+    for bad in ("observe", ["observe"], True):
+        s = SettingsFile("/etc/cni-reaper/config.json")
+        _take(s, {"networks": {"N": bad, "M": {"mode": "clean"}}})
+        assert s.for_network("N")["mode"] == "observe" and s.for_network("M")["mode"] == "clean"
+        assert s.problem and "networks.N" in s.problem

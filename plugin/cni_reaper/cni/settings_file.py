@@ -104,6 +104,9 @@ def _take(s: SettingsFile, v: dict[str, Any]) -> None:
         for name, keys in networks.items():
             if isinstance(keys, dict):
                 s.networks[name] = pick(keys, OWN_KEYS)
+            else:  # a value cni-reaper cannot use observes: that network is not cleaned on a guess
+                s.networks[name] = {"mode": "observe"}
+                s.problem = f"{s.path}: networks.{name} is not an object; that network observes"
     elif networks is not None:
         s.problem = f"{s.path}: networks is not an object; ignored"
 
