@@ -64,6 +64,32 @@ def flock_within(fd: int, timeout: float) -> bool:
             pause = min(pause * 2, 0.05)
 
 
+def holders_stopped(path: str) -> bool:
+    """Whether a flock on `path` is held and every process holding it is stopped (SIGSTOP, a shell's Ctrl-Z, a
+    debugger): it lets go of nothing until someone resumes it, so waiting for it buys nothing. False when it
+    cannot be told (/proc/locks unreadable, the file gone, a holder in another PID namespace)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", "rb") as f:
+            table = f.read().decode("ascii", "replace")
+    except OSError:
+        return False
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = [int(f[4]) for f in (line.split() for line in table.splitlines())
+            if len(f) > 5 and f[1] == "FLOCK" and f[5] == wanted and f[4].isdigit()]
+    return bool(pids) and all(_stopped(pid) for pid in pids)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 1:].split()
+    return bool(fields) and fields[0] in (b"T", b"t")
+
+
 # how long the tools may run, all told, while cni-reaper holds a lock other allocations wait for, as a share of
 # that lock's timeout (lockTimeout, 10 s by default: 5 s): the state lock (every allocation's cni-reaper waits
 # lockTimeout for it, then answers CNI error 11) and host-local's lock of a network (another allocation's

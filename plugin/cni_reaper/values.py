@@ -79,8 +79,8 @@ class Key(_Triple):
 
 
 class HostPort(Value):
-    """A host port a rule maps: protocol ("" when the rule names none: every protocol), port, host IP ("" for
-    every address)."""
+    """A host port a rule maps: protocol ("" when the rule names none: every protocol), port (EVERY_PORT when
+    the rule names none: a whole address's DNAT holds every port), host IP ("" for every address)."""
 
     __slots__ = ("host_ip", "port", "proto")
 
@@ -88,8 +88,14 @@ class HostPort(Value):
         self.proto, self.port, self.host_ip = proto, port, host_ip
 
     def clashes(self, other: HostPort) -> bool:
-        """The same port of the same protocol (either naming none), whatever host IP either maps."""
-        return self.port == other.port and (self.proto == other.proto or not self.proto or not other.proto)
+        """The same port (either EVERY_PORT) of the same protocol (either naming none), whatever host IP either
+        maps."""
+        return ((self.port == other.port or self.port == EVERY_PORT or other.port == EVERY_PORT)
+                and (self.proto == other.proto or not self.proto or not other.proto))
 
     def __str__(self) -> str:
-        return f"{self.port}/{self.proto or 'any'}" + (f" on {self.host_ip}" if self.host_ip else "")
+        return (f"{self.port or 'every port'}/{self.proto or 'any'}"
+                + (f" on {self.host_ip}" if self.host_ip else ""))
+
+
+EVERY_PORT = 0  # HostPort.port of a rule that matches no port: it holds them all

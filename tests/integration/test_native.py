@@ -185,7 +185,7 @@ def test_conntrack_module_agrees_with_pyroute2(tmp_path, package_exe):
                  "theirs=[]\nfor f in (socket.AF_INET, socket.AF_INET6):\n s=NFCTSocket(nfgen_family=f)\n k='V4' if f==socket.AF_INET else 'V6'\n"
                  " for m in s.dump():\n  o=m.get_attr('CTA_TUPLE_ORIG').get_attr('CTA_TUPLE_IP'); r=m.get_attr('CTA_TUPLE_REPLY').get_attr('CTA_TUPLE_IP')\n"
                  "  theirs.append((o.get_attr(f'CTA_IP_{k}_DST'), r.get_attr(f'CTA_IP_{k}_SRC')))\n s.close()\n"
-                 "cleared = conntrack.clear({'10.9.0.5', 'fd00::99'})\n"
+                 "cleared = conntrack.clear({'10.9.0.5', 'fd00::99'}, lambda counts: None)\n"
                  "print(json.dumps({'ours': sorted(ours), 'theirs': sorted(theirs), 'cleared': cleared}))")
         out = json.loads(sb.run([sys.executable, "-c", probe], check=True).stdout)
         assert out["ours"] == out["theirs"] and len(out["ours"]) == len(entries)

@@ -15,7 +15,7 @@ from testkit.sandbox import Stack, ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 NOMAD = Stack("1.9", "go-cni-1.1.13")
-NAMES = [".lock", ".journal", ".index", ".index-journal", ".metrics", ".modes", ".observed", ".wrapped"]
+NAMES = [".lock", ".journal", ".index", ".index-journal", ".metrics", ".modes", ".observed", ".wrapped", ".unrecorded"]
 
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink-fifo", "dir", "socket"])

@@ -142,19 +142,30 @@ MODE_VALUES = (None, modes.CLEAN, modes.OBSERVE)
 def test_a_mode_from_every_source():
     network = "n"
     for known, every, wrapped, top, per, conflist, finder, forced in itertools.product(
-            MODE_VALUES, (None, modes.OBSERVE), (False, True), MODE_VALUES, MODE_VALUES, MODE_VALUES, MODE_VALUES,
-            MODE_VALUES):
+            MODE_VALUES, (None, modes.OBSERVE), (None, "wrapped", *MODE_VALUES[1:]), MODE_VALUES, MODE_VALUES,
+            MODE_VALUES, MODE_VALUES, MODE_VALUES):
         known_map = {k: v for k, v in ((network, known), (modes.EVERY, every)) if v is not None}
-        s = modes.ModeSources(known_map, frozenset({network} if wrapped else ()), top,
+        s = modes.ModeSources(known_map, {network: wrapped} if wrapped else {}, top,
                               {network: per} if per else {}, {network: conflist} if conflist else {}, finder, forced)
         got = s.of(network)
-        chained = conflist is not None or (known is not None and not wrapped)
-        said = [forced, every, known, conflist, per] + ([] if chained else [top, finder])
+        chained = conflist is not None or (known is not None and wrapped is None)
+        said = [forced, every, known, conflist, per, wrapped] + ([] if chained else [top, finder])
         assert got == (modes.OBSERVE if modes.OBSERVE in said else modes.CLEAN), (said, got)
-        if modes.OBSERVE in (forced, every, known, conflist, per):
-            assert got == modes.OBSERVE  # observe from any of the network's own sources wins
+        if modes.OBSERVE in (forced, every, known, conflist, per, wrapped):
+            assert got == modes.OBSERVE  # observe from any of the network's own sources wins (its wrapper's too)
         if not chained and modes.OBSERVE in (top, finder):
             assert got == modes.OBSERVE  # a network that never chained cni-reaper: the file's top, the finder's
+
+
+def test_a_dead_lifes_time_ahead_of_now_bounds_nothing():
+    """libcni's cache entry written while the clock ran ahead (red team rt42): its time takes no reservation as
+    the dead life's own, a re-ADD in flight may have made it since."""
+    for made_at, now in itertools.product((0, 5, 10, 11), (5, 10)):
+        b = reservations.bound(made_at, now)
+        assert b == (made_at if made_at <= now else reservations.NONE_BY_TIME)
+        for made in (0, 5, 10, 11):
+            got = reservations.own(("c", "eth0"), None, b, ("c", "eth0"), (1, made, made))
+            assert got == (made_at <= now and made <= made_at)
 
 
 def test_a_reservation_is_judged_by_what_it_says():

@@ -19,27 +19,71 @@ def file_with(networks=None, keys=None, problem=""):
 
 def test_observe_wins_over_every_clean():
     f = file_with({"w": {"mode": "observe"}})
-    s = modes.sources({"w": "clean", "c": "clean"}, {"w"}, f)
+    s = modes.sources({"w": "clean", "c": "clean"}, {"w": "clean"}, f)
     assert (s.of("w"), s.of("c")) == ("observe", "clean")
-    assert modes.sources({"c": "observe"}, set(), file_with({"c": {"mode": "clean"}})).of("c") == "observe"
+    assert modes.sources({"c": "observe"}, {}, file_with({"c": {"mode": "clean"}})).of("c") == "observe"
 
 
 def test_the_files_top_level_mode_governs_every_network_that_does_not_chain_cni_reaper():
-    s = modes.sources({"chained": "clean", "w1": "clean"}, {"w1", "w2"}, file_with(keys={"mode": "observe"}))
+    s = modes.sources({"chained": "clean", "w1": "clean"}, {"w1": "clean", "w2": "wrapped"}, file_with(keys={"mode": "observe"}))
     assert s.of("w1") == s.of("w2") == "observe"  # the wrapped networks, not only those with records here
     assert s.of("never") == "observe"  # a leak of a network no call noted yet (issue 42, case 1)
     assert s.of("chained") == "clean"  # its conflist says clean
 
 
 def test_the_mode_of_the_call_that_found_a_target_governs_networks_that_never_chained_cni_reaper():
-    s = modes.sources({"nomad": "observe", "chained": "clean"}, set(), None, finder="observe")
+    s = modes.sources({"nomad": "observe", "chained": "clean"}, {}, None, finder="observe")
     assert s.of("other") == "observe"  # issue 42, case 2: observe only, nothing removed anywhere
     assert s.of("chained") == "clean"
 
 
 def test_a_settings_file_that_cannot_be_used_observes_its_networks():
-    s = modes.sources({"w": "clean", "c": "clean"}, {"w"}, file_with({"n": {}}, problem="not JSON"))
+    s = modes.sources({"w": "clean", "c": "clean"}, {"w": "clean"}, file_with({"n": {}}, problem="not JSON"))
     assert (s.of("w"), s.of("n"), s.of("c")) == ("observe", "observe", "clean")
+
+
+class Call:
+    def __init__(self, name, mode, wrapped_by=None) -> None:
+        self.name, self.mode, self.wrapped_by = name, mode, wrapped_by
+
+
+def test_a_wrappers_call_never_writes_over_its_networks_conflist_mode(tmp_path):
+    """A conflist chains cni-reaper in observe mode and its portmap is wrapped too (the settings file says
+    clean): each call notes its own mode in its own file, and the network stays observed (red team rt42)."""
+    from cni_reaper.state.store import Store
+
+    store = Store(str(tmp_path / "state"), 1).open()
+    try:
+        settings = file_with()
+        for call in (Call("n", "observe"), Call("n", "clean", settings), Call("n", "observe"),
+                     Call("n", "clean", settings)):
+            noted = modes.network_modes(store, call)
+            assert noted == ({"n": "observe"}, {"n": "clean"}) or noted == ({"n": "observe"}, {})
+            assert modes.sources(*noted, settings).of("n") == "observe"
+        assert modes.observing(store, Call("m", "clean", settings), "n")
+    finally:
+        store.close()
+
+
+def test_a_wrapped_network_noted_by_0_5_0_takes_its_wrappers_word(tmp_path):
+    """0.5.0's wrapper noted its network's mode in .modes and "wrapped" in .wrapped: the first wrapper call
+    that says the same mode moves it to .wrapped, so that a later change of the settings file is heard."""
+    from cni_reaper.state.store import Store
+
+    state = tmp_path / "state"
+    store = Store(str(state), 1).open()
+    try:
+        for name, doc in ((modes.MODES, '{"w": "observe", "c": "observe"}'), (modes.WRAPPED, '{"w": "wrapped"}')):
+            (state / name).write_text(doc)
+            os.chmod(state / name, 0o600)
+        settings = file_with(keys={"mode": "observe"})
+        assert modes.network_modes(store, Call("w", "observe", settings)) == ({"c": "observe"}, {"w": "observe"})
+        settings.keys = {}
+        noted = modes.network_modes(store, Call("w", "clean", settings))
+        assert modes.sources(*noted, settings).of("w") == "clean"
+        assert modes.sources(*noted, settings).of("c") == "observe"
+    finally:
+        store.close()
 
 
 def test_a_modes_file_that_cannot_be_read_observes_every_network(tmp_path):
@@ -50,7 +94,7 @@ def test_a_modes_file_that_cannot_be_read_observes_every_network(tmp_path):
         (tmp_path / "state" / modes.MODES).write_text("{not json")
         os.chmod(tmp_path / "state" / modes.MODES, 0o600)
         known = modes.modes(store)
-        assert modes.sources(known, set(), None).of("a") == modes.sources(known, set(), None).of("b") == "observe"
+        assert modes.sources(known, {}, None).of("a") == modes.sources(known, {}, None).of("b") == "observe"
         modes.remember_mode(store, known, "a", "clean")  # not written over: the others' observe would be lost
         assert (tmp_path / "state" / modes.MODES).read_text() == "{not json"
         (tmp_path / "state" / modes.MODES).unlink()

@@ -52,4 +52,4 @@ def test_the_backends_offer_no_other_way_to_write():
         return {n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n))}
 
     assert public(SaveRestoreBackend) == {"read", "apply", "save_argv"}
-    assert public(NftBackend) == {"read", "apply", "tables", "listings", "parsed"}
+    assert public(NftBackend) == {"read", "apply", "tables", "foreign_tables", "listings", "parsed"}

@@ -77,7 +77,8 @@ def _read_regular(path: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(0, "not a regular file")
-        why = untrusted(st, "it") or untrusted(os.stat(os.path.dirname(os.path.abspath(path))), "its directory")
+        why = untrusted(st, "it") or next(filter(None, (untrusted(os.stat(d), f"{d}, a directory it is reached through")
+                                                        for d in _directories_of(path))), None)
         if why:  # as sudo refuses a sudoers file others could have written: never followed
             raise OSError(0, f"{why}: refused (it must be root's and writable by root alone)")
         chunks, size = [], 0
@@ -90,6 +91,18 @@ def _read_regular(path: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _directories_of(path: str) -> list[str]:
+    """The directory of `path` and of every symlink it is reached through: whoever may write in one of them
+    may swap the file for another."""
+    dirs, p = [], os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit of links followed
+        dirs.append(os.path.dirname(p))
+        if not os.path.islink(p):
+            break
+        p = os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p)))
+    return dirs
 
 
 def _take(s: SettingsFile, v: dict[str, Any]) -> None:

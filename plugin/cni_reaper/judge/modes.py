@@ -1,11 +1,12 @@
 """The one answer to "what mode is this target in", pure: every source in (ModeSources), clean or observe out.
 Observe from any source wins; clean only when none says observe.
 
-The sources: the state directory's word (`known`: each network's mode as its own calls last said it, `.modes`;
-EVERY when that file cannot be read: every network observed), the networks a wrapper served (`wrapped`,
-`.wrapped`), the settings file of wrapped networks (its top level, `file_top`, and its per-network modes,
-`file_networks`; a file that cannot be used says observe), the conflists the CLI reads here (`conflists`:
-network -> its cni-reaper entry's mode), a mode forced for the whole pass (`forced`: the CLI's, a wrapper's),
+The sources: the state directory's word (`known`: each network's mode as its own conflist's calls last said
+it, `.modes`; EVERY when that file cannot be read: every network observed), the networks a wrapper served with
+the mode its calls last said (`wrapped`, `.wrapped`), the settings file of wrapped networks (its top level,
+`file_top`, and its per-network modes, `file_networks`; a file that cannot be used says observe), the
+conflists the CLI reads here (`conflists`: network -> its cni-reaper entry's mode), a mode forced for the whole
+pass (`forced`: the CLI's, a wrapper's),
 and the call that found the target (`finder`: its network's mode).
 
 A network that chains cni-reaper in a conflist has that conflist's mode (as its calls noted it, or as the
@@ -26,11 +27,11 @@ class ModeSources:
 
     __slots__ = ("conflists", "file_networks", "file_top", "finder", "forced", "known", "wrapped")
 
-    def __init__(self, known: dict[str, str] | None = None, wrapped: frozenset[str] = frozenset(),
+    def __init__(self, known: dict[str, str] | None = None, wrapped: dict[str, str] | None = None,
                  file_top: str | None = None, file_networks: dict[str, str] | None = None,
                  conflists: dict[str, str] | None = None, finder: str | None = None, forced: str | None = None) -> None:
         self.known = dict(known or {})
-        self.wrapped = frozenset(wrapped)
+        self.wrapped = dict(wrapped or {})
         self.file_top = file_top
         self.file_networks = dict(file_networks or {})
         self.conflists = dict(conflists or {})
@@ -56,7 +57,8 @@ def chained(network: str, s: ModeSources) -> bool:
 
 def mode_of(network: str, s: ModeSources) -> str:
     """CLEAN or OBSERVE for a target of `network` (module docstring)."""
-    said = [s.forced, s.known.get(EVERY), s.known.get(network), s.conflists.get(network), s.file_networks.get(network)]
+    said = [s.forced, s.known.get(EVERY), s.known.get(network), s.conflists.get(network), s.file_networks.get(network),
+            s.wrapped.get(network)]
     if not chained(network, s):
         said += [s.file_top, s.finder]
     return OBSERVE if OBSERVE in said else CLEAN

@@ -10,10 +10,19 @@ modification time. So a file is the dead life's own when it names the life's con
 - it is the very file recorded (device aside: inode, modification and change time), or
 - its modification time is the one recorded (the same reservation, whatever became of the inode); or
 - for a life that recorded none (cni-reaper 0.2, libcni's cache, GC's word): it was made no later than
-  `not_after` (None: any time; the runtime's own word).
+  `not_after` (None: any time; the runtime's own word). A time that is ahead of now (libcni's cache entry
+  written while the clock ran ahead, before a boot) bounds nothing: no file is taken as its own on it
+  (`bound`: NONE_BY_TIME), a re-ADD in flight may have made it since.
 """
 
 from __future__ import annotations
+
+NONE_BY_TIME = -1  # `not_after` that no file's time meets: none is taken as the life's own by its time
+
+
+def bound(made_at: int, now: int) -> int:
+    """The `not_after` a dead life's own time gives (ns): that time, unless it is ahead of `now`."""
+    return made_at if made_at <= now else NONE_BY_TIME
 
 
 def names(owner: tuple[str, str], said: tuple[str, str]) -> bool:

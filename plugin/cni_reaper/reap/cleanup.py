@@ -238,19 +238,32 @@ def _clear_conntrack(targets: list[Target], protected: dict, outcome: Outcome, o
     owner_of = _conntrack_owners(targets, protected, outcome)
     if not owner_of:
         return
+    journaled: list[str | None] = []
+
+    def journal_first(counts: dict[str, int]) -> None:  # OSError: not noted, so nothing is cleared
+        journaled.append(options.note(_conntrack_items(counts, owner_of)))
+
     try:
-        counts = conntrack.count(set(owner_of)) if options.dry_run else conntrack.clear(set(owner_of))
+        counts = conntrack.count(set(owner_of)) if options.dry_run else conntrack.clear(set(owner_of), journal_first)
     except conntrack.ConntrackError as exc:
         if exc.errno not in conntrack.UNAVAILABLE:
             outcome.errors.append(f"conntrack: {exc}")  # the entries expire in time; the records are not kept
         return
-    items = [{"kind": "conntrack", "key": list(owner_of[ip]), "ip": ip, "entries": n} for ip, n in sorted(counts.items())]
-    try:
-        options.noted(options.note(items), list(range(len(items))))
-    except OSError:
-        pass  # cleared already: nothing to put back, and the entries are counted below all the same
+    except OSError as exc:  # the journal could not say it: the entries stay, the records are kept for a retry
+        outcome.errors.append(f"conntrack entries of {', '.join(sorted(owner_of))} kept: not journaled ({exc})")
+        outcome.failed |= set(owner_of.values())
+        return
+    if journaled:
+        try:
+            options.noted(journaled[0], list(range(len(counts))))
+        except OSError:
+            pass  # cleared already: the intent says so, and the entries are counted below
     for ip, n in sorted(counts.items()):
         outcome.note(owner_of[ip], f"conntrack: {n} entr{'y' if n == 1 else 'ies'} of {ip}", "conntrack", n)
+
+
+def _conntrack_items(counts: dict[str, int], owner_of: dict[str, Key]) -> list[dict[str, Any]]:
+    return [{"kind": "conntrack", "key": list(owner_of[ip]), "ip": ip, "entries": n} for ip, n in sorted(counts.items())]
 
 
 def _conntrack_owners(targets: list[Target], protected: dict, outcome: Outcome) -> dict[str, Key]:

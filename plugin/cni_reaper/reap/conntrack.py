@@ -23,6 +23,10 @@ import time
 
 from cni_reaper.files import hold_deadline
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_CTNETLINK = 1
 IPCTNL_MSG_CT_GET, IPCTNL_MSG_CT_DELETE = 1, 2
@@ -204,11 +208,14 @@ def count(addresses: set[str]) -> dict[str, int]:
         return _matching(ct, addresses)[1]
 
 
-def clear(addresses: set[str]) -> dict[str, int]:
-    """Delete the entries whose reply source or original destination is one of `addresses` (both families).
-    Returns, per address, how many went."""
+def clear(addresses: set[str], first: Callable[[dict[str, int]], object]) -> dict[str, int]:
+    """Delete the entries whose reply source or original destination is one of `addresses` (both families),
+    once `first` has been told how many there are per address (the journal's intent): whatever `first` raises
+    stops the clearing before any entry goes. Returns, per address, how many went."""
     with Socket() as ct:
         doomed, counts = _matching(ct, addresses)
+        if counts:
+            first(counts)
         if doomed:
             ct.delete(doomed)
     return counts

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from cni_reaper.cni.ipaddr import parse_ip
-from cni_reaper.values import HostPort, Value
+from cni_reaper.values import EVERY_PORT, HostPort, Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,19 +52,26 @@ def rule_addresses(rule: Rule) -> set[str]:
     return {a for a in out if a}
 
 
-def rule_ports(rule: Rule) -> set[HostPort]:
-    """The host ports an iptables rule of CNI-HOSTPORT-DNAT maps (`-p P ... --dports A,B` or `--dport A`)."""
+def rule_ports(rule: Rule, every: bool = False) -> set[HostPort]:
+    """The host ports an iptables rule of CNI-HOSTPORT-DNAT maps (`-p P ... --dports A,B` or `--dport A`). With
+    `every` (a rule that gives ports to someone), one that matches no port holds them all (EVERY_PORT)."""
     tokens = rule.tokens
-    proto, host_ip, ports = "", "", []
+    found: dict[str, str] = {}
+    ports: list[int] = []
     for i, tok in enumerate(tokens[:-1]):
-        value = tokens[i + 1]
-        if tok in ("-p", "--protocol") and (i == 0 or tokens[i - 1] != "!"):
-            proto = value.lower()
-        elif tok in ("-d", "--destination") and (i == 0 or tokens[i - 1] != "!"):
-            host_ip = address(value) or ""
-        elif tok in ("--dports", "--dport", "--destination-ports", "--destination-port"):
-            ports += _port_list(value)
+        role = _PORT_OPTIONS.get(tok)
+        if role == "ports":
+            ports += _port_list(tokens[i + 1])
+        elif role is not None and (i == 0 or tokens[i - 1] != "!"):  # `! -p tcp` names no protocol
+            found[role] = tokens[i + 1]
+    if every and not ports:
+        ports = [EVERY_PORT]
+    proto, host_ip = found.get("proto", "").lower(), address(found.get("host_ip")) or ""
     return {HostPort(proto, p, host_ip) for p in ports}
+
+
+_PORT_OPTIONS = {"-p": "proto", "--protocol": "proto", "-d": "host_ip", "--destination": "host_ip",
+                 "--dports": "ports", "--dport": "ports", "--destination-ports": "ports", "--destination-port": "ports"}
 
 
 def _port_list(text: str) -> list[int]:
@@ -157,7 +164,7 @@ class PortMap:
             self.mapped += [Mapping(p, tag[2], tag[1] or "") for p in rule_ports(r)]
         if others:
             self.mapped += [Mapping(p, "", by=f"a rule of nat {r.chain}")
-                            for r in _foreign_holders(nat) for p in rule_ports(r)]
+                            for r in _foreign_holders(nat) for p in rule_ports(r, every=True)]
 
     def add_sockets(self, sockets: list[HostPort]) -> None:
         """Sockets of this network namespace that hold a host port (listening TCP, bound UDP)."""
@@ -169,6 +176,15 @@ class PortMap:
         for r in rules:
             if (r.family, r.table) in HOSTPORT_TABLES and r.chain in DNAT_CHAINS and r.action == "dnat":
                 self.mapped += [Mapping(p, r.comment or "") for p in native_ports(r)]
+
+    def add_foreign_native(self, rules: list[NativeRule]) -> None:
+        """The DNAT and REDIRECT rules of nftables tables that are neither the plugins' nor iptables' (a firewall
+        manager's, kube-proxy's nftables mode): each holds the ports it matches, every port when it matches
+        none."""
+        for r in rules:
+            if r.action in ("dnat", "redirect"):
+                self.mapped += [Mapping(p, "", by=f"a rule of nftables table {r.family} {r.table}")
+                                for p in native_ports(r) or {HostPort("", EVERY_PORT)}]
 
     def shadowed(self, ports: set[HostPort], cid: str) -> str | None:
         """Why mapping `ports` for container `cid` would shadow another container's mapping now (a mapping
@@ -195,8 +211,9 @@ class PortMap:
 
 
 def port_map() -> PortMap:
-    """Every host port mapped on this host now: the hostport DNAT chains of both iptables flavours (each that
-    has its tools here) in both families, and the plugins' native hostport tables. A put-back in one world
+    """Every host port mapped on this host now: the nat chains of both iptables flavours (each that has its
+    tools here) in both families, the plugins' native hostport tables, every other nftables table's DNAT and
+    REDIRECT, and the host's listening sockets. A put-back in one world
     shadows a mapping in any other: the kernel runs every world's nat hooks."""
     from cni_reaper.reap.netfilter import flavour
     from cni_reaper.reap.netfilter.interface import BackendError
@@ -213,8 +230,10 @@ def port_map() -> PortMap:
                 pm.add_iptables(backend.read(family), others=True)
             except BackendError as exc:
                 pm.blind.append(f"ipv{family} iptables-{name}: {exc}")
+    nft = NftBackend()
     try:
-        pm.add_native(NftBackend().read())
+        pm.add_native(nft.read())
+        pm.add_foreign_native(nft.read(nft.foreign_tables()))
     except BackendError as exc:
         pm.blind.append(f"native tables: {exc}")
     try:

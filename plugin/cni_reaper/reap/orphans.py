@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from cni_reaper.reap.targets import Target
 
 from cni_reaper import log
+from cni_reaper.judge.reservations import NONE_BY_TIME, bound
 from cni_reaper.judge.verdict import DEAD, UNKNOWN
 from cni_reaper.reap import cache
 from cni_reaper.reap.evidence import judge_cached
@@ -118,7 +119,7 @@ def unrecorded_sources(conf: Any, network: str, cid: str, addresses: set[str], r
 
     if not addresses or not reserved_in:
         return None
-    expect = {ip: Expect(reserved_in, (cid, ""), not_after=-1) for ip in addresses}  # none is its own
+    expect = {ip: Expect(reserved_in, (cid, ""), not_after=NONE_BY_TIME) for ip in addresses}  # none is its own
     return Target(network, cid, "", frozenset(addresses), whole=False, parts=frozenset({"masq"}), expect=expect,
                   backend=conf.backend, cache_dir=conf.cniCacheDir)
 
@@ -175,13 +176,15 @@ def judged(conf: Any, network: str, cid: str, addresses: set[str], view: View, r
         if state == UNKNOWN:
             view.note(f"tagged attachments without a record: {why}")
         return None
-    expect = {}
+    import time
+
+    expect, now = {}, time.time_ns()
     oldest = min(e.mtime for e in entries)
     for ip in addresses:
-        expect[ip] = Expect(conf.ipamDataDir, (cid, ""), not_after=oldest)
+        expect[ip] = Expect(conf.ipamDataDir, (cid, ""), not_after=bound(oldest, now))
     for e in entries:
         for ip in e.ips:
-            expect[ip] = Expect(conf.ipamDataDir, (cid, e.ifname), not_after=e.mtime)
+            expect[ip] = Expect(conf.ipamDataDir, (cid, e.ifname), not_after=bound(e.mtime, now))
     return Target(network, cid, "", frozenset(expect), whole=True, any_source=True, expect=expect,
                   backend=conf.backend, cache_dir=conf.cniCacheDir)
 
@@ -205,7 +208,7 @@ def cached_dead(conf: Any, recorded: set[tuple[str, str]], view: View) -> list[T
             continue
         if judge_cached(entries, view)[0] != DEAD:
             continue
-        expect = {ip: Expect(conf.ipamDataDir, (cid, e.ifname), not_after=-1) for e in entries for ip in e.ips}
+        expect = {ip: Expect(conf.ipamDataDir, (cid, e.ifname), not_after=NONE_BY_TIME) for e in entries for ip in e.ips}
         out.append(Target(conf.name, cid, "", frozenset(expect), whole=False, parts=frozenset({"reservation"}),
                           expect=expect, backend=conf.backend, cache_dir=conf.cniCacheDir))
     return out

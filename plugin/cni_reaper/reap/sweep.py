@@ -504,20 +504,19 @@ def stale(store: Store, conf: Any, view: View, exclude: frozenset = frozenset())
     return found, done
 
 
-def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], set[str]]:
-    """What the state directory knows of each network's mode and of the wrapped networks (this call's
-    network's noted): state/modes.network_modes."""
+def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """What the state directory knows of each network's mode, its conflist's and its wrapper's (this call's
+    noted): state/modes.network_modes."""
     from cni_reaper.state import modes
 
     return modes.network_modes(store, conf)
 
 
-def sweep_modes(noted: tuple[dict[str, str], set[str]], conf: Any) -> ModeSources:
-    """The modes of a verb's sweep (judge/modes): the state directory's word, the settings file's, and this
-    call's network's mode for what its sweep finds of networks that never chained cni-reaper."""
+def sweep_modes(noted: tuple[dict[str, str], dict[str, str]], conf: Any) -> ModeSources:
+    """The modes of a verb's sweep (judge/modes): state/modes.verb_sources."""
     from cni_reaper.state import modes
 
-    return modes.sources(*noted, modes.file_of(conf), finder=conf.mode)
+    return modes.verb_sources(noted, conf)
 
 
 def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), extra: list[Target] | None = None,

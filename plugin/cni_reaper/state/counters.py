@@ -124,20 +124,28 @@ def add(store: Store, outcome: Outcome, cleaned: dict[str, int], seconds: float)
         log.warn("metrics could not be counted", error=f"{type(exc).__name__}: {exc}")
 
 
+UNRECORDED = ".unrecorded"  # a line per attachment an ADD could not record, appended with no lock
+
+
 def unrecorded(state_dir: str) -> None:
     """Count an attachment that an ADD could not record (its own bookkeeping failed: a full disk, a lock held
-    too long), when the state lock can be had at once and the counters written; else the log line is all.
+    too long): a line appended to UNRECORDED, which takes no lock (the lock may be why it went unrecorded).
     Never raises, never waits."""
     from cni_reaper.state.store import Store
 
     try:
         store = Store(state_dir, 1.0).open(create=False)
         try:
-            with store.locked(wait=0):
-                counters = load(store)
-                counters["unrecorded"] += 1
-                store.dir.write(FILE, jsonio.dumps(counters).encode(), durable=True)
+            store.dir.append(UNRECORDED, b"1\n")
         finally:
             store.close()
     except Exception:  # noqa: BLE001 - a count that cannot be made is only a missing count
         pass
+
+
+def shown(store: Store) -> dict:
+    """The counters as `cni-reaper metrics` shows them: `.metrics`, and the ADDs counted in UNRECORDED."""
+    counters = load(store)
+    data, _ = store.dir.read(UNRECORDED, MAX_BYTES)
+    counters["unrecorded"] += data.count(b"\n") if data else 0
+    return counters

@@ -154,15 +154,9 @@ class Journal:
 def read(store: Store) -> list[dict[str, Any]]:
     """Every event of the journal, oldest first (a cut or damaged line is skipped); generations older than
     MAX_AGE go."""
-    sd = store.dir
     out: list[dict[str, Any]] = []
-    for n in range(GENERATIONS, -1, -1):
-        name = generation(n)
-        if n and not sd.read_only and _older_than_kept(store, name):
-            sd.unlink(name)
-            continue
-        data, _ = sd.read(name, 2 * MAX_BYTES)
-        for line in (data or b"").splitlines():
+    for data in _generations(store):
+        for line in data.splitlines():
             try:
                 event = jsonio.loads(line)
             except (ValueError, RecursionError, UnicodeDecodeError):
@@ -170,6 +164,39 @@ def read(store: Store) -> list[dict[str, Any]]:
             if isinstance(event, dict) and isinstance(event.get("id"), str) and event.get("t") in ("intent", "done", "undo"):
                 out.append(event)
     return out
+
+
+def _generations(store: Store) -> list[bytes]:
+    """The generations' bytes, oldest first, as one moment saw them: a reader without the state lock (`journal`)
+    reads them again when a clean-up rotated them meanwhile (`.journal` became `.journal.1`: what it had not
+    read yet would be missed), a few times at most."""
+    sd = store.dir
+    for _ in range(READ_TRIES):
+        before = _inodes(store)
+        datas = []
+        for n in range(GENERATIONS, -1, -1):
+            name = generation(n)
+            if n and not sd.read_only and _older_than_kept(store, name):
+                sd.unlink(name)
+                continue
+            data, _ = sd.read(name, 2 * MAX_BYTES)
+            datas.append(data or b"")
+        if _inodes(store) == before:
+            break
+    return datas
+
+
+READ_TRIES = 5
+
+
+def _inodes(store: Store) -> list[int]:
+    found = []
+    for n in range(GENERATIONS + 1):
+        try:
+            found.append(os.stat(generation(n), dir_fd=store.dir.dfd, follow_symlinks=False).st_ino)
+        except OSError:
+            found.append(0)
+    return found
 
 
 def _older_than_kept(store: Store, name: str) -> bool:

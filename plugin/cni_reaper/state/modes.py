@@ -4,8 +4,8 @@
   another network's call, or by the CLI, treats that network's dead attachments as their network says:
   observed, not removed. Read by every call's sweep (stale or not), written only when a network's mode
   changes, durably: if it were lost, a network in observe mode would be cleaned by others' sweeps.
-- `.wrapped`: the networks a wrapper (wrap mode) has served: the settings file's top-level mode is theirs
-  (`resolved`), and only theirs.
+- `.wrapped`: the networks a wrapper (wrap mode) has served, each with the mode its wrapper's calls last said
+  (from the settings file); the settings file's top-level mode governs them (judge/modes).
 - `.booted`: for each network, the boot in which an ADD of it last looked at libcni's cached attachments that
   have no record (verbs/add.py: once per boot, the first ADD does).
 - `.observed`: for each attachment that observe mode would clean, a digest of what it would remove, so that
@@ -81,27 +81,59 @@ def save_observed(store: Store, seen: dict[str, str]) -> None:
 WRAPPED = ".wrapped"
 
 
-def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], set[str]]:
-    """Each network's mode as the state directory knows it (this call's network's as its configuration says,
-    noted), and the networks a wrapper has served (noted when this call is a wrapper's): every call says
-    both, stale or not, so that others' sweeps read them."""
+LEGACY_WRAPPED = "wrapped"  # what 0.5.0 wrote for each network of `.wrapped` (it noted the wrapper's mode in .modes)
+
+
+def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """Each network's mode as its own conflist's calls said it (`.modes`), and the mode of each network a
+    wrapper has served as the wrapper's calls said it (`.wrapped`), this call's noted in the one that is its:
+    every call says its mode, stale or not, so that others' sweeps read it. A network chained in a conflist
+    whose portmap is wrapped too is in both; neither call writes over the other's word (observe from either
+    wins)."""
     known = modes(store)
-    remember_mode(store, known, conf.name, conf.mode)
     wrapped = wrapped_networks(store)
-    if getattr(conf, "wrapped_by", None) is not None and conf.name not in wrapped:
-        wrapped.add(conf.name)
+    if getattr(conf, "wrapped_by", None) is None:
+        remember_mode(store, known, conf.name, conf.mode)
+        return known, wrapped
+    said = wrapped.get(conf.name)
+    if said != conf.mode:
+        if said == LEGACY_WRAPPED and known.get(conf.name) == conf.mode:
+            _forget_mode(store, known, conf.name)  # 0.5.0's wrapper noted it in .modes: now said here
+        wrapped[conf.name] = conf.mode
         try:
-            store.dir.write(WRAPPED, jsonio.dumps({n: "wrapped" for n in sorted(wrapped)}).encode(), durable=True)
+            store.dir.write(WRAPPED, jsonio.dumps(dict(sorted(wrapped.items()))).encode(), durable=True)
         except OSError:
             pass
     return known, wrapped
 
 
-def wrapped_networks(store: Store) -> set[str]:
-    return set(_load(store, WRAPPED) or {})
+def _forget_mode(store: Store, known: dict[str, str], network: str) -> None:
+    if EVERY in known:
+        return
+    del known[network]
+    try:
+        store.dir.write(MODES, jsonio.dumps(known).encode(), durable=True)
+    except OSError:
+        pass
 
 
-def sources(known: dict[str, str], wrapped: set[str], file: Any, finder: str | None = None,
+def wrapped_networks(store: Store) -> dict[str, str]:
+    """network -> the mode its wrapper's calls last said (LEGACY_WRAPPED: noted by 0.5.0, which said none)."""
+    return _load(store, WRAPPED) or {}
+
+
+def verb_sources(noted: tuple[dict[str, str], dict[str, str]], conf: Any) -> ModeSources:
+    """The modes of a verb's pass: the state directory's word (network_modes), the settings file's, and this
+    call's network's mode for what it finds of networks that never chained cni-reaper."""
+    return sources(*noted, file_of(conf), finder=conf.mode)
+
+
+def observing(store: Store, conf: Any, network: str) -> bool:
+    """Whether a verb's pass would observe `network` (read only: nothing noted)."""
+    return verb_sources((modes(store), wrapped_networks(store)), conf).observing(network)
+
+
+def sources(known: dict[str, str], wrapped: dict[str, str], file: Any, finder: str | None = None,
             conflists: dict[str, str] | None = None, forced: str | None = None) -> ModeSources:
     """Every source of a pass's modes (judge/modes.ModeSources): the state directory's word (`known`, `wrapped`:
     network_modes), the settings file of wrapped networks (`file`, cni.settings_file.SettingsFile, or None: its top
@@ -113,7 +145,7 @@ def sources(known: dict[str, str], wrapped: set[str], file: Any, finder: str | N
     if file is not None:
         top = "observe" if file.problem else mode_of(file.keys, [])
         per = {n: "observe" if file.problem else mode_of(file.for_network(n), []) for n in file.networks}
-    return ModeSources(known, frozenset(wrapped), top, per, conflists, finder, forced)
+    return ModeSources(known, wrapped, top, per, conflists, finder, forced)
 
 
 def file_of(conf: Any) -> Any:

@@ -15,6 +15,7 @@ import errno
 import os
 import stat
 
+from cni_reaper import log
 from cni_reaper.errors import IO_FAILURE, CniError
 from cni_reaper.files import open_regular
 
@@ -220,4 +221,7 @@ class SafeDir:
         """Remove the temp files among `names`: only a writer that died leaves one (the caller holds the lock)."""
         for name in names:
             if name.startswith(TMP_PREFIX):
-                self.unlink(name)
+                kept = self.unlink_or_error(name)
+                if kept is not None:  # a directory, an immutable file: it is in nobody's way, only said
+                    log.warn("a temp name in the state directory cannot be removed", name=name[:120],
+                             error=kept.strerror or str(kept))

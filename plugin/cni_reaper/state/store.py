@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from cni_reaper.files import flock_within, holding
-from cni_reaper.state.index import Entry, Index
+from cni_reaper.state.index import Damaged, Entry, Index
 from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
 from cni_reaper.state.record import key_of, later_schema, of_document, problem, written_as_read
 from cni_reaper.state.safedir import SafeDir
@@ -40,6 +40,7 @@ class Store:
         self.index: Index | None = None  # while locked
         self.waited = 0.0  # how long the last lock() waited
         self._read: dict[int, tuple[Record, jsonio.Raw]] = {}  # id(record) -> (it, its document as read): as_read()
+        self._later: set[str] = set()  # names of the records of a later schema read: never rewritten or removed here
 
     @property
     def root(self) -> str:
@@ -81,6 +82,7 @@ class Store:
             self._quarantine(name, f"does not parse: {str(exc)[:200]}")
             return None
         if later_schema(record) is not None:  # a rollback: kept as it is, judged unknown, never rewritten here
+            self._later.add(name)
             return _later(record, name)
         why = problem(record)
         if why is None and (record_name(*key_of(record)) != name or (expect is not None and key_of(record) != expect)):
@@ -103,6 +105,8 @@ class Store:
 
     def save(self, record: Record) -> None:
         name = record_name(*record.key)
+        if self._kept_as_later(name):
+            return
         data = jsonio.dumps(record.doc()).encode() + b"\n"
         if len(data) > MAX_RECORD_BYTES:  # the builders' limits make this impossible; never write what we would refuse
             raise CniError(IO_FAILURE, f"record of {record.container_id} too large ({len(data)} bytes)")
@@ -117,11 +121,21 @@ class Store:
     def remove(self, network: str, container_id: str, ifname: str, sync: bool = True) -> None:
         """Delete a record; with sync=False the caller calls sync() once after a batch of removals."""
         name = record_name(network, container_id, ifname)
+        if self._kept_as_later(name):
+            return
         gone = self.dir.unlink(name)
         if self.index is not None and name in self.index.inos:
             self.index.set(name, None, write=sync)
         if gone and sync:
             self.dir.sync()
+
+    def _kept_as_later(self, name: str) -> bool:
+        """Whether `name` was read as a later cni-reaper's record: whatever this one would write or remove of it
+        is left undone (a rollback; the later release has its own word on it)."""
+        if name not in self._later:
+            return False
+        log.info("a record of a later cni-reaper is kept as it is", record=name)
+        return True
 
     def remove_all(self, keys: list[Key]) -> list[OSError | None]:
         """Delete these records side by side (pool.each: a sweep drops a thousand); the index learns of every one
@@ -129,10 +143,10 @@ class Store:
         from cni_reaper.state import pool
 
         names = [record_name(*k) for k in keys]
-        errors = pool.each(self.dir.unlink_or_error, names)
+        errors = pool.each(lambda n: None if self._kept_as_later(n) else self.dir.unlink_or_error(n), names)
         if self.index is not None:
             for name, error in zip(names, errors):
-                if error is None and name in self.index.inos:
+                if error is None and name in self.index.inos and name not in self._later:
                     self.index.set(name, None, write=False)
         return errors
 
@@ -154,7 +168,12 @@ class Store:
     def entries(self, but: set[str] | None = None) -> dict[str, Entry]:
         """The index (the caller holds the lock): every record file's entry, or every one but those named."""
         assert self.index is not None, "the index is valid only under the state lock"
-        return self.index.entries_but(but) if but else self.index.entries
+        try:
+            return self.index.entries_but(but) if but else self.index.entries
+        except Damaged as exc:  # torn, or entries it cannot make: the records say it all, and a verb never fails
+            log.warn("index unusable; made anew from the records", problem=str(exc)[:200])
+            self.index = self._index_from_records(Index(self.dir), self.dir.scan())
+            return self.index.entries_but(but) if but else self.index.entries
 
     def quick(self) -> QuickView:
         """What the quick judgement reads of the entries it can judge (Index.quick_view)."""
@@ -174,17 +193,22 @@ class Store:
         self.dir.sweep_temps(others)
         for n in others:
             del found[n]
-        if not loaded:
-            for name in sorted(found):
-                record = self.load_named(name)
-                if record is None:
-                    continue
-                try:
-                    index.put(name, Entry.of_record(record, found[name]))
-                except (KeyError, TypeError, ValueError) as exc:  # the check let through what a reader cannot read
-                    self._quarantine(name, f"cannot be indexed: {exc}")
-            index.write_whole()
+        self.index = index if loaded else self._index_from_records(index, found)
+
+    def _index_from_records(self, index: Index, found: dict[str, int]) -> Index:
+        """`index` (empty) filled from the record files among `found` (name -> inode), and written whole."""
         self.index = index
+        others = set(others_in(found))
+        for name in sorted(n for n in found if n not in others):
+            record = self.load_named(name)
+            if record is None:
+                continue
+            try:
+                index.put(name, Entry.of_record(record, found[name]))
+            except (KeyError, TypeError, ValueError) as exc:  # the check let through what a reader cannot read
+                self._quarantine(name, f"cannot be indexed: {exc}")
+        index.write_whole()
+        return index
 
     def _quarantine(self, name: str, why: str) -> None:
         if self.dir.read_only:  # a reader skips it; the next writer moves it aside

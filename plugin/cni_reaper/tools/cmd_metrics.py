@@ -48,7 +48,7 @@ def _read(contexts: list[Context]) -> tuple[list[dict], dict[tuple[str, str], in
     judges them."""
     from cni_reaper.judge.verdict import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
     from cni_reaper.reap.engine import View
-    from cni_reaper.state.counters import load as load_counters
+    from cni_reaper.state.counters import shown as load_counters
     from cni_reaper.state.store import Store
 
     word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead", UNKNOWN: "unknown", LEFT: "left", HELD: "held"}

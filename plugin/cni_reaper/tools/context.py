@@ -170,7 +170,7 @@ def modes_of(store, group: list[Context], settings) -> ModeSources:
     from cni_reaper.state import modes
 
     known = modes.modes(store) if store is not None else {}
-    wrapped = modes.wrapped_networks(store) if store is not None else set()
+    wrapped = modes.wrapped_networks(store) if store is not None else {}
     conflists = {c.network: c.conf.mode for c in group if c.network and c.keeping is not None}
     bare = any(c.network is None and c.conf.mode == "observe" for c in group)  # no conflist: the settings say observe
     return modes.sources(known, wrapped, settings, conflists=conflists, forced="observe" if bare else None)

@@ -43,7 +43,7 @@ def run(inv: Invocation) -> dict[str, Any]:
 
             later(lambda: _record_after_the_answer(inv, current), conf.stateDir)
             return _answer(inv)
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - its own bookkeeping never fails an ADD (OSError, a damaged file)
         _unrecorded(inv, err)
     if conf.portMappings:
         _look(inv, current, cached_unrecorded)
@@ -58,14 +58,14 @@ def _answer(inv: Invocation) -> dict[str, Any]:
     return result
 
 
-def _unrecorded(inv: Invocation, err: CniError | OSError) -> None:
+def _unrecorded(inv: Invocation, err: Exception) -> None:
     """Its own bookkeeping never fails an ADD the chain accepted (a full disk, a lock held past lockTimeout): said
     in the log and the metrics, and the attachment judged later as one from before installation."""
     from cni_reaper.state import counters
 
     log.error("the attachment was not recorded (cni-reaper's own bookkeeping); the allocation goes on, and it is "
               "judged later as one from before installation (libcni's cache, host-local's reservations)",
-              error=getattr(err, "msg", None) or str(err),
+              error=getattr(err, "msg", None) or f"{type(err).__name__}: {err}",
               fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
     counters.unrecorded(inv.conf.stateDir)
 
@@ -75,10 +75,8 @@ def _record_after_the_answer(inv: Invocation, current: Life) -> None:
     process held the state lock: it waits lockTimeout now. Never raises."""
     try:
         _record(inv, current)
-    except (CniError, OSError) as err:
+    except Exception as err:  # noqa: BLE001 - nobody is left to hear it: logged and counted
         _unrecorded(inv, err)
-    except Exception as exc:  # noqa: BLE001 - nobody is left to hear it: logged
-        log.error("the attachment was not recorded", error=f"{type(exc).__name__}: {exc}")
     if inv.conf.portMappings:
         _look_at_host_ports(inv, current)
 

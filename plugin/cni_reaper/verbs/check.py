@@ -41,25 +41,23 @@ def run(inv: Invocation) -> None:
 
             log.info("the state lock is held by another process: the record is looked at after the answer")
             later(lambda: _adopt_after_the_answer(inv, current), conf.stateDir)
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - its own bookkeeping never fails a CHECK (OSError, a damaged file)
         _not_adopted(err)
     return None
 
 
-def _not_adopted(err: CniError | OSError) -> None:
+def _not_adopted(err: Exception) -> None:
     """Its own bookkeeping never fails a CHECK (Nomad would recreate the network): logged."""
     log.error("CHECK could not look at or repair the record; the allocation goes on",
-              error=getattr(err, "msg", None) or str(err),
+              error=getattr(err, "msg", None) or f"{type(err).__name__}: {err}",
               fix=getattr(err, "details", "") or "check the state directory's free space and permissions")
 
 
 def _adopt_after_the_answer(inv: Invocation, current: Life) -> None:
     try:
         _adopt(inv, current)
-    except (CniError, OSError) as err:
+    except Exception as err:  # noqa: BLE001 - nobody is left to hear it: logged
         _not_adopted(err)
-    except Exception as exc:  # noqa: BLE001 - nobody is left to hear it: logged
-        log.error("CHECK could not look at or repair the record", error=f"{type(exc).__name__}: {exc}")
 
 
 def _adopt(inv: Invocation, current: Life, wait: float | None = None) -> None:

@@ -151,6 +151,8 @@ def _run(inv: Invocation, beside: bool = False) -> None:
             return None
         # The record stays as it was; its netns will be gone, so a later sweep still finds it dead.
         log.warn("DEL could not use the state directory; continuing", error=err.msg, details=err.details)
+    except Exception as exc:  # noqa: BLE001 - its own bookkeeping never fails a DEL (OSError, a damaged file)
+        log.warn("DEL could not use the state directory; continuing", error=f"{type(exc).__name__}: {exc}")
     return None
 
 

@@ -7,8 +7,9 @@ the sweep and retried later, never reported as "unavailable". Its sweep is the o
 old life's reservation released before bridge's ADD), and runs only when the state lock is free: STATUS
 waits for it LOCK_WAIT at most (another allocation's call holds it for milliseconds), never `lockTimeout`
 (an operator's `sweep --apply --lock-timeout 60` holds it for as long as it runs); when it stays held the
-sweep is skipped, said in the log, and the next call sweeps, unless a recreate is forming (`_recreate_forming`):
-then it waits for the lock, since the ADD that follows needs this sweep. The old life's veth goes only when the kernel
+sweep is skipped, said in the log, and the next call sweeps, unless a recreate is forming in a network that cleans
+(`_recreate_forming`): then it waits for the lock up to lockTimeout, since the ADD that follows needs this sweep,
+but never for a holder that is stopped (it lets go of nothing). The old life's veth goes only when the kernel
 has taken its namespace down, some time after the runtime removed it (under load, seconds): STATUS waits
 for that veth (up to RECREATE_WAIT after the new namespace was made, no lock held; none that a thread is
 still in) and sweeps again once it went."""
@@ -65,35 +66,61 @@ def _sweep(conf: Any) -> None:
 
 
 def _locked_sweep(conf: Any, view: View) -> None:
+    """The verb's sweep under the state lock, waited for LOCK_WAIT; longer (up to lockTimeout, a LOCK_WAIT at a
+    time) only while a recreate is forming in a network that cleans and the lock's holders are not stopped."""
+    import time
+
     from cni_reaper.reap.engine import verb_pass
     from cni_reaper.state.store import Store
 
-    wait: float | None = LOCK_WAIT
+    deadline: float | None = None
     while True:
         try:
-            with Store.session(conf.stateDir, conf.lockTimeout, create=False, wait=wait) as store:
+            with Store.session(conf.stateDir, conf.lockTimeout, create=False, wait=LOCK_WAIT) as store:
                 verb_pass(store, conf, view=view)
             return
         except CniError as err:
             if err.code != TRY_AGAIN_LATER:
                 return
-            if wait is not None and _recreate_forming(conf):
+            if deadline is None and _recreate_forming(conf):
                 # the ADD that follows fails in host-local unless this sweep releases the old life's reservation
                 log.info("a namespace was put at a recorded path (a recreate): STATUS waits for the state lock",
                          error=err.msg)
-                wait = None
-                continue
-            log.info("sweep skipped: another process holds the state lock; STATUS answered at once, the next "
-                     "call sweeps", error=err.msg)
+                deadline = time.monotonic() + conf.lockTimeout
+            if not _wait_more(conf, deadline, err):
+                return
+        except Exception as exc:  # noqa: BLE001 - STATUS fails only for an unusable state directory (code 50)
+            log.warn("STATUS's sweep failed; the next call sweeps", error=f"{type(exc).__name__}: {exc}")
             return
+
+
+def _wait_more(conf: Any, deadline: float | None, err: CniError) -> bool:
+    """Whether STATUS waits another LOCK_WAIT for the state lock: only for a recreate (`deadline`), not past it,
+    and not for a holder that is stopped (it lets go of nothing). Says in the log why it does not."""
+    import time
+
+    from cni_reaper.files import holders_stopped
+    from cni_reaper.state.store import LOCK_NAME
+
+    if deadline is None or time.monotonic() >= deadline:
+        log.info("sweep skipped: another process holds the state lock; STATUS answered, the next call sweeps",
+                 error=err.msg)
+        return False
+    if holders_stopped(os.path.join(conf.stateDir, LOCK_NAME)):
+        log.warn("sweep skipped: the process holding the state lock is stopped; STATUS answered",
+                 fix="resume or end it (a suspended `cni-reaper sweep`?): until then nothing is swept")
+        return False
+    return True
 
 
 def _recreate_forming(conf: Any) -> bool:
     """Read without the state lock (another process holds it): whether a recorded life that no DEL tore down has
     another namespace at its netns path now, a recreate forming (Nomad, after a failed CHECK: a new namespace at
-    the same path, STATUS, then ADD with no DEL). Its STATUS is the sweep that releases the old life's
-    reservation: without it bridge's ADD fails ("duplicate allocation"). Never raises."""
+    the same path, STATUS, then ADD with no DEL), in a network that cleans (observed, the sweep would release
+    nothing). Its STATUS is the sweep that releases the old life's reservation: without it bridge's ADD fails
+    ("duplicate allocation"). Never raises."""
     from cni_reaper.reap import probes
+    from cni_reaper.state.modes import observing
     from cni_reaper.state.store import Store
 
     try:
@@ -109,9 +136,9 @@ def _recreate_forming(conf: Any) -> bool:
                 now = probes.netns_id(r.current.netns)
             except probes.Unseen:
                 continue
-            if now is not None and not now.same(recorded):
+            if now is not None and not now.same(recorded) and not observing(store, conf, r.key.network):
                 return True
-    except (CniError, OSError):
+    except Exception:  # noqa: BLE001 - a look for a recreate never fails STATUS: no wait then
         return False
     finally:
         store.close()

@@ -13,6 +13,9 @@ from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRul
 TIMEOUT_SECONDS = 30
 
 
+IPTABLES_TABLES = ("filter", "nat", "mangle", "raw", "security", "broute")
+
+
 class NftBackend:
     name = "nft (native tables)"
 
@@ -39,6 +42,12 @@ class NftBackend:
                     if isinstance(t, dict) and isinstance(t.get("table"), dict)}
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise BackendError(f"nft -j list tables: unreadable output ({exc})") from None
+
+    def foreign_tables(self) -> tuple[tuple[str, str], ...]:
+        """Every table that is neither the plugins' native ones nor one iptables-nft keeps (its save tool reads
+        those): a firewall manager's, kube-proxy's nftables mode, an operator's."""
+        return tuple(sorted(t for t in self.tables() - set(TABLES)
+                            if not (t[0] in ("ip", "ip6", "arp", "bridge") and t[1] in IPTABLES_TABLES)))
 
     def read(self, tables: tuple[tuple[str, str], ...] = TABLES) -> list[NativeRule]:
         """The rules of the plugins' native `tables` (all of them by default)."""

@@ -59,7 +59,7 @@ class NativeRule(Value):
         self.saddr = saddr  # `ip saddr X` / `ip6 saddr X`
         self.daddr = daddr  # `ip daddr X` (an exact address; a prefix or a negation is not kept)
         self.dnat_addr = dnat_addr  # `dnat to X:port`
-        self.action = action  # "masquerade", "dnat", or None
+        self.action = action  # "masquerade", "dnat", "redirect", or None
         self.raw = raw  # the rule as nft -j gave it (what undo adds back)
         self.text: str | None = None  # and its JSON text as nft printed it, when read so (what the journal writes)
 
@@ -87,6 +87,8 @@ def parse_rule(rule: dict) -> NativeRule | None:
             daddr = daddr or _match_addr(e, "daddr")
             if "masquerade" in e:
                 action = "masquerade"
+            elif "redirect" in e:
+                action = "redirect"
             elif isinstance(e.get("dnat"), dict):
                 action = "dnat"
                 addr = e["dnat"].get("addr")
