@@ -110,7 +110,7 @@ def judge(r: Record, view: View, s: RecordSettings | None, cache_dir: str, verdi
     its state and why (the runtime's or the scheduler's `verdict` when given), made UNKNOWN when its rules are
     out of this process's reach, and each earlier life's. `s`: its settings (None: cni-reaper 0.2's, whose
     libcni cache is looked for in `cache_dir`)."""
-    v = judge_record(r, view, s.cache_dir if s is not None else cache_dir, verdict)
+    v = judge_record(r, view, s.cni_cache_dir if s is not None else cache_dir, verdict)
     state, why = v.state, v.why
     earlier = [judge_life(Facts.of_life(life), view) for life in r.earlier]
     if state == UNKNOWN:
@@ -138,7 +138,7 @@ def _judge(sel: Selection, r: Record, confs: dict[str, Any], default: Any, exclu
     j = judge(r, sel.view, s, default.cniCacheDir, verdict)
     _note_holdings(sel, r, j.state, j.earlier, r.key in exclude)
     if s is not None:
-        sel.data_dirs.append(s.ipam_dir)
+        sel.data_dirs.append(s.ipam_data_dir)
     return j
 
 
@@ -211,7 +211,7 @@ def _expect(life: Life, record: Record, s: RecordSettings, view: View) -> dict[s
         if r is not None:
             out[ip.address] = Expect(r.data_dir, owner, (r.ino, r.mtime, r.ctime), dev=r.dev, rebooted=rebooted)
         elif host is None:  # recorded by cni-reaper 0.2: a reservation naming it, older than the life
-            out[ip.address] = Expect(s.ipam_dir, owner, not_after=int(life.created * 1e9))
+            out[ip.address] = Expect(s.ipam_data_dir, owner, not_after=int(life.created * 1e9))
     return out
 
 
@@ -238,7 +238,7 @@ def dead_target(j: Judged, view: View, keep_masq_chain: bool = False, parts: Ite
     whole = len(lives) == 1 + len(r.earlier)
     return Target(*r.key, frozenset(ips(*lives)), whole=whole, keep_masq_chain=keep_masq_chain,
                   parts=frozenset(parts) if parts is not None else j.parts or PARTS, expect=expect, backend=s.backend,
-                  cache_dir=s.cache_dir, forming=_forming(r.current) and not j.by_runtime, by_runtime=j.by_runtime)
+                  cache_dir=s.cni_cache_dir, forming=_forming(r.current) and not j.by_runtime, by_runtime=j.by_runtime)
 
 
 def earlier_target(j: Judged, view: View) -> Target | None:
@@ -255,7 +255,7 @@ def earlier_target(j: Judged, view: View) -> Target | None:
     for life in reversed(dead):
         expect.update({a: e for a, e in _expect(life, r, s, view).items() if a in old})
     return Target(*r.key, frozenset(old), whole=False, parts=PARTS, expect=expect, backend=s.backend,
-                  cache_dir=s.cache_dir)
+                  cache_dir=s.cni_cache_dir)
 
 
 def targets_of(sel: Selection) -> list[Target]:

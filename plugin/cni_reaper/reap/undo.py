@@ -105,7 +105,7 @@ def _data_dirs(store: Store, given: list[str], entries: list[Removed]) -> list[s
     named = [e.item["dataDir"] for e in entries if damaged(e.item) is None and "dataDir" in e.item]
     for r in store.records():
         named += [ip.reservation.data_dir for life in r.lives for ip in life.ips if ip.reservation is not None]
-        named += [r.settings.ipam_dir] if r.settings else []
+        named += [r.settings.ipam_data_dir] if r.settings else []
     return list(dict.fromkeys([*given, *DEFAULT_IPAM_DIRS, *named]))
 
 

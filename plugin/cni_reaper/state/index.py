@@ -393,7 +393,7 @@ class Entry:
                    parse_time(dead.at) if dead is not None else None,
                    dead.cached if dead is not None else None, dead.verify if dead is not None else False,
                    bool(record.earlier), sorted(ip.address for ip in cur.ips),
-                   s.cache_dir if s else None, True if record.schema > SCHEMA else record.left_mark)
+                   s.cni_cache_dir if s else None, True if record.schema > SCHEMA else record.left_mark)
 
     def to_list(self) -> list[Any]:
         """Its fields as JSON holds them (a journal line), in FIELDS' order."""

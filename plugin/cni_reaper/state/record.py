@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import __version__
 from cni_reaper.state.names import MAX_RECORD_BYTES  # noqa: F401 - the records' limit, beside the fields' own
+from cni_reaper.state.record_fields import FIELDS, OPTIONAL, SLOTS
 from cni_reaper.state.times import iso_at, iso_now, parse_time
 from cni_reaper.values import Key, Value
 
@@ -51,11 +52,14 @@ MAX_LINK = 15  # a link name (IFNAMSIZ - 1)
 
 
 # -- the typed model -----------------------------------------------------------------------------------
-# A record as every other module sees it: slotted classes named as models.py names the schema's parts, each
-# declaring once, in `_fields`, the JSON key of each of its fields, in the document's order. `of` reads a document
-# that problem() accepted (and upgrade() brought to schema 2); `doc` gives the document back, key for key.
-# tests/unit/test_record_model.py holds every class to its pydantic twin field by field, and no module but
-# this one to a record's layout.
+# A record as every other module sees it: slotted classes named as models.py names the schema's parts, whose
+# slots and field tables are generated from the models (state/record_fields.py, by scripts/generate.py): a field is
+# declared once, in its model. `of` reads a document that problem() accepted (and upgrade() brought to schema 2);
+# `doc` gives the document back, key for key. tests/unit/test_record_model.py holds every class to its pydantic
+# twin field by field, and no module but this one to a record's layout.
+_PARTS: dict[str, Any] = {}  # class name -> class, as each is defined (a part's nested parts are defined first)
+
+
 class Part(Value):
     __slots__ = ()
     # its field table, in the document's order: (slot, JSON key, how a value that is not None is read and
@@ -64,6 +68,13 @@ class Part(Value):
     # keys left out of the document when their value is None (one the schema lets be null or absent, as a
     # record's `left`: a null read is written back absent, which every reader takes alike)
     _optional: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The class's field table from the generated one of its name (record_fields.FIELDS, OPTIONAL)."""
+        super().__init_subclass__(**kwargs)
+        cls._fields = tuple((slot, key, _kind(kind)) for slot, key, kind in FIELDS[cls.__name__])
+        cls._optional = OPTIONAL.get(cls.__name__, frozenset())
+        _PARTS[cls.__name__] = cls
 
     @classmethod
     def of(cls: type[P], d: dict[str, Any]) -> P:
@@ -98,6 +109,13 @@ def _copied(v: Any, sequence: Any) -> Any:
     return sequence(v) if t is list or t is tuple else dict(v) if t is dict else v
 
 
+def _kind(name: str) -> Any:
+    """How a field's value is read and written, from what record_fields.FIELDS says it holds."""
+    if not name:
+        return None
+    return Many(_PARTS[name[1:-1]]) if name.startswith("[") else _PARTS[name]
+
+
 class Many:
     """A field that is a list of parts (Part._fields)."""
 
@@ -118,8 +136,7 @@ class NetnsId(Part):
     """A network namespace: device and inode of its nsfs file, and (for a bind-mounted one, whose inode stays
     while it is mounted) the inode's change time in ns (None: not known): the kernel recycles inode numbers."""
 
-    __slots__ = ("ctime", "dev", "ino")
-    _fields = (("dev", "dev", None), ("ino", "ino", None), ("ctime", "ctime", None))
+    __slots__ = SLOTS["NetnsId"]
 
     def __init__(self, dev: int, ino: int, ctime: int | None) -> None:
         self.dev, self.ino, self.ctime = dev, ino, ctime
@@ -133,8 +150,7 @@ class NetnsId(Part):
 class DirId(Part):
     """The directory a netns path is in: device, inode, and the peer groups of the mount it is on."""
 
-    __slots__ = ("dev", "groups", "ino")
-    _fields = (("dev", "dev", None), ("ino", "ino", None), ("groups", "groups", None))
+    __slots__ = SLOTS["DirId"]
 
     def __init__(self, dev: int, ino: int, groups: tuple[int, ...] = ()) -> None:
         self.dev, self.ino, self.groups = dev, ino, groups
@@ -143,8 +159,7 @@ class DirId(Part):
 class HostId(Part):
     """The host a life was recorded on: boot id, machine id, the network and mount namespaces the plugin ran in."""
 
-    __slots__ = ("boot", "machine", "mnt", "netns")
-    _fields = (("boot", "boot", None), ("machine", "machine", None), ("netns", "netns", None), ("mnt", "mnt", None))
+    __slots__ = SLOTS["HostId"]
 
     def __init__(self, boot: str, machine: str, netns: int, mnt: int) -> None:
         self.boot, self.machine, self.netns, self.mnt = boot, machine, netns, mnt
@@ -153,8 +168,7 @@ class HostId(Part):
 class Veth(Part):
     """The host side of the container's veth pair: its name and index in the host's network namespace."""
 
-    __slots__ = ("ifindex", "name")
-    _fields = (("name", "name", None), ("ifindex", "ifindex", None))
+    __slots__ = SLOTS["Veth"]
 
     def __init__(self, name: str, ifindex: int) -> None:
         self.name, self.ifindex = name, ifindex
@@ -163,18 +177,14 @@ class Veth(Part):
 class ReservationId(Part):
     """Where host-local reserved an address for a life, and the identity of that file (times in ns)."""
 
-    __slots__ = ("ctime", "data_dir", "dev", "ino", "mtime")
-    _fields = (("dev", "dev", None), ("ino", "ino", None), ("mtime", "mtime", None), ("ctime", "ctime", None),
-               ("data_dir", "dataDir", None))
+    __slots__ = SLOTS["ReservationId"]
 
     def __init__(self, data_dir: str, dev: int, ino: int, mtime: int, ctime: int) -> None:
         self.data_dir, self.dev, self.ino, self.mtime, self.ctime = data_dir, dev, ino, mtime, ctime
 
 
 class RecordedIP(Part):
-    __slots__ = ("address", "family", "prefix", "reservation")
-    _fields = (("address", "address", None), ("prefix", "prefix", None), ("family", "family", None),
-               ("reservation", "reservation", ReservationId))
+    __slots__ = SLOTS["RecordedIP"]
 
     def __init__(self, address: str, prefix: int, family: int, reservation: ReservationId | None = None) -> None:
         self.address, self.prefix, self.family, self.reservation = address, prefix, family, reservation
@@ -185,9 +195,7 @@ class RecordedIP(Part):
 
 
 class RecordedPortMapping(Part):
-    __slots__ = ("container_port", "host_ip", "host_port", "protocol")
-    _fields = (("host_port", "hostPort", None), ("container_port", "containerPort", None),
-               ("protocol", "protocol", None), ("host_ip", "hostIP", None))
+    __slots__ = SLOTS["RecordedPortMapping"]
 
     def __init__(self, host_port: int, container_port: int, protocol: str, host_ip: str) -> None:
         self.host_port, self.container_port, self.protocol, self.host_ip = host_port, container_port, protocol, host_ip
@@ -201,16 +209,13 @@ class Life(Part):
     """One life of an attachment (what one ADD set up), with what proves it alive or dead (docs/how-it-works.md,
     "Evidence"); what is not known is None."""
 
-    __slots__ = ("created_at", "host", "ips", "netns", "netns_dir", "netns_id", "ports", "veth")
-    _fields = (("netns", "netns", None), ("netns_id", "netnsId", NetnsId), ("netns_dir", "netnsDir", DirId),
-               ("host", "host", HostId), ("veth", "veth", Veth), ("ips", "ips", Many(RecordedIP)),
-               ("ports", "portMappings", Many(RecordedPortMapping)), ("created_at", "createdAt", None))
+    __slots__ = SLOTS["Life"]
 
     def __init__(self, netns: str, netns_id: NetnsId | None, netns_dir: DirId | None, host: HostId | None,
                  veth: Veth | None, ips: tuple[RecordedIP, ...], ports: tuple[RecordedPortMapping, ...],
                  created_at: str) -> None:
         self.netns, self.netns_id, self.netns_dir, self.host, self.veth = netns, netns_id, netns_dir, host, veth
-        self.ips, self.ports, self.created_at = ips, ports, created_at
+        self.ips, self.port_mappings, self.created_at = ips, ports, created_at
 
     @property
     def addresses(self) -> set[str]:
@@ -229,9 +234,7 @@ class Life(Part):
 class Tombstone(Part):
     """Written by DEL: the attachment is being torn down; what DEL knew when it ran (tombstone())."""
 
-    __slots__ = ("at", "cached", "had_port_mappings", "had_prev_result", "netns_gone", "verify")
-    _fields = (("at", "at", None), ("netns_gone", "netnsGone", None), ("had_prev_result", "hadPrevResult", None),
-               ("had_port_mappings", "hadPortMappings", None), ("verify", "verify", None), ("cached", "cached", None))
+    __slots__ = SLOTS["Tombstone"]
 
     def __init__(self, at: str, netns_gone: bool, had_prev_result: bool, had_port_mappings: bool, verify: bool,
                  cached: bool | None) -> None:
@@ -243,9 +246,7 @@ class Left(Part):
     """A dead attachment's leftovers that no sweep may take (left()), or that something not ours holds (held():
     with the time a sweep looks again and how often it found them held)."""
 
-    __slots__ = ("at", "retry_at", "tries", "why")
-    _fields = (("at", "at", None), ("why", "why", None), ("retry_at", "retryAt", None), ("tries", "tries", None))
-    _optional = frozenset(("retryAt", "tries"))
+    __slots__ = SLOTS["Left"]
 
     def __init__(self, at: str, why: str, retry_at: str | None = None, tries: int | None = None) -> None:
         self.at, self.why, self.retry_at, self.tries = at, why, retry_at, tries
@@ -260,11 +261,10 @@ class Left(Part):
 class RecordSettings(Part):
     """The settings a record is cleaned with, whichever network's verb runs the sweep."""
 
-    __slots__ = ("backend", "cache_dir", "ipam_dir")
-    _fields = (("ipam_dir", "ipamDataDir", None), ("cache_dir", "cniCacheDir", None), ("backend", "backend", None))
+    __slots__ = SLOTS["RecordSettings"]
 
-    def __init__(self, ipam_dir: str, cache_dir: str, backend: str) -> None:
-        self.ipam_dir, self.cache_dir, self.backend = ipam_dir, cache_dir, backend
+    def __init__(self, ipam_data_dir: str, cni_cache_dir: str, backend: str) -> None:
+        self.ipam_data_dir, self.cni_cache_dir, self.backend = ipam_data_dir, cni_cache_dir, backend
 
     @classmethod
     def of_conf(cls, conf: Any) -> RecordSettings:
@@ -274,13 +274,7 @@ class RecordSettings(Part):
 class Record(Part):
     """All cni-reaper knows of one attachment (network, container ID, ifname): one file in stateDir."""
 
-    __slots__ = ("cni_args", "container_id", "current", "deleted", "earlier", "ifname", "left", "network",
-                 "plugin_version", "schema", "settings")
-    _fields = (("schema", "schema", None), ("network", "network", None), ("container_id", "containerID", None),
-               ("ifname", "ifname", None), ("current", "current", Life), ("earlier", "earlier", Many(Life)),
-               ("cni_args", "cniArgs", None), ("settings", "settings", RecordSettings),
-               ("plugin_version", "pluginVersion", None), ("deleted", "deleted", Tombstone), ("left", "left", Left))
-    _optional = frozenset(("left",))
+    __slots__ = SLOTS["Record"]
 
     def __init__(self, network: str, container_id: str, ifname: str, current: Life, earlier: tuple[Life, ...],
                  cni_args: dict[str, str], settings: RecordSettings | None, deleted: Tombstone | None = None,

@@ -41,7 +41,7 @@ def _listed(r: Record, state: str, why: str, state_dir: str) -> dict:
     cur = r.current
     return {
         "network": r.network, "containerID": r.container_id, "ifname": r.ifname,
-        "ips": [ip.cidr for ip in cur.ips], "ports": [p.text for p in cur.ports],
+        "ips": [ip.cidr for ip in cur.ips], "ports": [p.text for p in cur.port_mappings],
         "netns": cur.netns, "state": STATE_WORDS[state], "why": why,
         "earlierIPs": sorted({ip.cidr for life in r.earlier for ip in life.ips}),
         "createdAt": cur.created_at, "stateDir": state_dir,

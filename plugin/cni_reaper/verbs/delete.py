@@ -92,7 +92,7 @@ def _torn_down(store: Store, record: Record | None, inv: Invocation, verify: boo
         from cni_reaper.state.record import tombstone
 
         conf = inv.conf
-        cache_dir = record.settings.cache_dir if record.settings else conf.cniCacheDir
+        cache_dir = record.settings.cni_cache_dir if record.settings else conf.cniCacheDir
         record = record.replace(deleted=tombstone(
             not now.maybe_there, conf.prevResult is not None, bool(conf.portMappings),
             verify=verify, cached=cached_by_libcni(cache_dir, *record.key)))
