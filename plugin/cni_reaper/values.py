@@ -99,3 +99,13 @@ class HostPort(Value):
 
 
 EVERY_PORT = 0  # HostPort.port of a rule that matches no port: it holds them all
+
+
+class DelCall(Value):
+    """What a DEL call says of its attachment (reap/teardown.py): its key, CNI_NETNS, and whether it carries port
+    mappings and prevResult (the downstream plugins remove the DNAT and the firewall rules only with them)."""
+
+    __slots__ = ("key", "netns", "ports", "prev_result")
+
+    def __init__(self, key: Key, netns: str, ports: bool, prev_result: bool) -> None:
+        self.key, self.netns, self.ports, self.prev_result = key, netns, ports, prev_result

@@ -5,9 +5,9 @@ the tombstone's second look; what was left of another container's does not."""
 from __future__ import annotations
 
 from cni_reaper.reap.outcome import Outcome
+from cni_reaper.reap.teardown import _finished
 from cni_reaper.state.record import Record
 from cni_reaper.values import Key
-from cni_reaper.verbs.delete import _finished
 from testkit.records import bare
 
 KEY = Key("nomad", "alloc-1", "eth0")

@@ -123,7 +123,7 @@ def test_a_del_run_beside_the_plugins_leaves_what_changed_since_to_the_next_swee
     import io
 
     from cni_reaper.cni import shell
-    from cni_reaper.verbs import delete
+    from cni_reaper.reap import engine
     from cni_reaper.verbs.dispatch import dispatch
 
     state = tmp_path / "s"
@@ -134,7 +134,7 @@ def test_a_del_run_beside_the_plugins_leaves_what_changed_since_to_the_next_swee
         inv.later = jobs if beside else None
         return dispatch(inv)
 
-    monkeypatch.setattr(delete, "can_wait", lambda inv: True)
+    monkeypatch.setattr(engine, "can_wait", lambda state_dir, call: True)
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "alloc-1", "CNI_NETNS": "/var/run/netns/gone-meanwhile",
            "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin"}
     assert shell.run(env, io.BytesIO(json.dumps(conf(state)).encode()), io.StringIO(), handler) == 0

@@ -131,11 +131,12 @@ def test_the_verbs_reach_the_pipeline_through_the_engine_alone():
     assert reached == {"cni_reaper.reap.engine", "cni_reaper.reap.probes"}, reached
 
 
-def test_the_commands_and_the_wrapper_reach_reap_through_two_modules():
+def test_the_commands_and_the_wrapper_reach_reap_through_the_same_two_modules():
     """Issue 42: a command of tools/ runs the engine (judging, cleaning, putting back, the scheduler's word) and
-    reads the host through reap/inspect.py; wrap/ runs the verbs; neither assembles a piece of a pass."""
+    reads the host through reap/probes.py, as the verbs do; wrap/ runs the verbs; neither assembles a piece of a
+    pass. verbs/, tools/ and wrap/ together reach two modules of reap/."""
     reached = {d for m in in_package("cni_reaper.tools") for d in GRAPH[m] if d.startswith("cni_reaper.reap")}
-    assert reached == {"cni_reaper.reap.engine", "cni_reaper.reap.inspect"}, reached
+    assert reached == {"cni_reaper.reap.engine", "cni_reaper.reap.probes"}, reached
     assert not {d for m in in_package("cni_reaper.wrap") for d in GRAPH[m] if d.startswith("cni_reaper.reap")}
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni_reaper.judge.modes import ModeSources
+    from cni_reaper.reap.evidence import View
     from cni_reaper.reap.hostlocal import Keeping
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.reap.scheduler import Word
@@ -32,13 +33,9 @@ if TYPE_CHECKING:
     from cni_reaper.reap.word import Asked, Said
     from cni_reaper.state.record import Life, Record
     from cni_reaper.state.store import Store
-    from cni_reaper.values import Key
+    from cni_reaper.values import DelCall, Key
 
 from cni_reaper.judge.verdict import DEAD, Verdict
-from cni_reaper.reap.cache import exists as cached_by_libcni  # noqa: F401 - a DEL's tombstone notes it
-from cni_reaper.reap.cache import unrecorded as cached_unrecorded  # noqa: F401 - an ADD's cheap look for leaks
-from cni_reaper.reap.evidence import View, await_lingering  # noqa: F401 - a pass's view, STATUS's wait
-from cni_reaper.reap.sweep import sweep_quietly as verb_pass
 
 
 def add_pass(store: Store, conf: Any) -> Outcome | None:
@@ -46,7 +43,7 @@ def add_pass(store: Store, conf: Any) -> Outcome | None:
     the first ADD of its network in a boot, the attachments libcni caches with no record that their entries
     prove dead, whose cached addresses must be forgotten before a late DEL of them meets their next holder
     (orphans.cached_dead). Never raises."""
-    view = View()
+    view = host_view()
     return verb_pass(store, conf, extra=_cached_dead(store, conf, view), view=view)
 
 
@@ -76,7 +73,7 @@ def port_look(store: Store, conf: Any, container_id: str, ports: Any, life: Life
     from cni_reaper.reap.hostlocal import Keeping
     from cni_reaper.state.record import reservation_dir
 
-    view = View()
+    view = host_view()
     families = {ip.family for ip in life.ips} or {4}
     # host-local's word, where the ADD's own address shows it keeps the network: its dir and subnets
     keeping = Keeping(reservation_dir(life), [ip.cidr for ip in life.ips if ip.reservation is not None])
@@ -94,33 +91,51 @@ def _recorded(store: Store, wait: float | None = None) -> set[tuple[str, str]]:
         return {e.key.owner for e in store.entries().values()}
 
 
-def del_targets(record: Record, conf: Any, view: View, there: bool, same: bool,
-                parts: frozenset[str]) -> list[Target] | None:
-    """What of a DEL's own attachment goes now, before the downstream plugins' DEL (verbs/delete.py says when):
-    its record judged as every pass judges one, the runtime's DEL its verdict. `same`: the DEL's netns is the
-    recorded life's and alive (then only `parts` of the current life, and the earlier lives); else every life but
-    the reservations (bridge's DEL has host-local release them), the masquerade chain kept while a namespace is
-    (or may be) at the DEL's netns (`there`). None: out of this process's reach (nothing now; a sweep that
-    reaches them takes them)."""
-    from cni_reaper.reap.sweep import dead_target, earlier_target, judge, settings_of
-    from cni_reaper.reap.targets import PARTS
-    from cni_reaper.state.record import RecordSettings
+def can_wait(state_dir: str, call: DelCall) -> bool:
+    """Whether nothing of a DEL's attachment must go before the downstream plugins' DEL (reap/teardown.py):
+    asked by a wrapper before it runs the real plugin, with few imports."""
+    from cni_reaper.reap.teardown import can_wait as nothing_must_go_first
 
-    s = settings_of(record, {conf.name: conf}) or RecordSettings.of_conf(conf)
-    j = judge(record, view, s, conf.cniCacheDir, Verdict(DEAD, "DEL"))
-    if j.state != DEAD:
-        from cni_reaper import log
+    return nothing_must_go_first(state_dir, call)
 
-        log.info("nothing of this attachment removed before the plugins' DEL; left for a sweep", why=j.why)
-        return None
-    if not same:
-        return [dead_target(j, view, keep_masq_chain=there, parts=PARTS - {"reservation"},
-                            lives=list(record.lives))]
-    targets = []
-    if parts:
-        targets.append(dead_target(j, view, keep_masq_chain=True, parts=parts, lives=[record.current]))
-    t = earlier_target(j, view) if record.earlier else None
-    return targets + ([t] if t is not None else [])
+
+def del_pass(conf: Any, call: DelCall, beside: bool, wait: float | None) -> None:
+    """A DEL's pass (reap/teardown.py): its own attachment first (what must go before the downstream plugins'
+    DEL, its tombstone), with the sweep of the other dead attachments; the mark settled. CniError 11 when the
+    state lock stays held `wait` seconds (None: lockTimeout)."""
+    from cni_reaper.reap.teardown import del_pass as teardown_pass
+
+    teardown_pass(conf, call, beside, wait)
+
+
+def verb_pass(store: Store, conf: Any, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
+              view: View | None = None) -> Outcome | None:
+    """The pass of a verb whose own work is done (reap/sweep.sweep_quietly): what the index says is stale, and
+    `extra` targets; nothing it meets fails the verb. None when nothing was stale."""
+    from cni_reaper.reap.sweep import sweep_quietly
+
+    return sweep_quietly(store, conf, exclude, extra, view)
+
+
+def host_view(**kwargs: Any) -> View:
+    """A pass's view of the host (reap/evidence.View): `at_once` (what is held looked at now), `recreate_wait`."""
+    from cni_reaper.reap.evidence import View
+
+    return View(**kwargs)
+
+
+def await_lingering(v: View) -> bool:
+    """STATUS's wait for the veths of namespaces just replaced at a recorded path (reap/evidence)."""
+    from cni_reaper.reap.evidence import await_lingering as wait_for_them
+
+    return wait_for_them(v)
+
+
+def cached_unrecorded(cache_dir: str, recorded: Iterable[Key]) -> bool:
+    """An ADD's cheap look for leaks: whether libcni caches an attachment that has no record (reap/cache)."""
+    from cni_reaper.reap.cache import unrecorded
+
+    return unrecorded(cache_dir, recorded)
 
 
 def judged(records: Iterable[Record], view: View, confs: dict[str, Any], cache_dir: str) -> dict[Key, Verdict]:
@@ -169,7 +184,7 @@ def gc_pass(store: Store, conf: Any, valid: set[tuple[str, str]]) -> Outcome:
     mine = [r for r in records if r.network == conf.name]
     verdicts = {r.key: Verdict(DEAD, "not among the runtime's valid attachments (GC)") for r in mine
                 if not holds(valid, r.container_id, r.ifname)}
-    sel = select(records, View(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)
+    sel = select(records, host_view(at_once=True), {conf.name: conf}, conf, verdicts=verdicts)
     live = {(k.container_id, k.ifname) for k in sel.holders if k.network == conf.name}  # every record not dead holds
     recorded = {(r.network, r.container_id) for r in mine}
     sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
@@ -194,6 +209,13 @@ def outcome() -> Outcome:
     from cni_reaper.reap.outcome import Outcome
 
     return Outcome()
+
+
+def host_local_holds_any(data_dir: str) -> bool:
+    """Whether host-local has given out any address under `data_dir` (doctor: has any runtime added yet)."""
+    from cni_reaper.reap.hostlocal import holds_any
+
+    return holds_any(data_dir)
 
 
 def keeping(data_dir: str = "", subnets: Iterable[str] = ()) -> Keeping:

@@ -335,20 +335,18 @@ def held_now(left: bool | float, view: View, now: float | None = None) -> bool:
 
 
 class Deleted:
-    """What a tombstone says to the judge (judge/life.Deleted): whether libcni dropped the cache entry it had
-    when DEL ran (`cached`; `cached_now`, asked only when the judge asks `done`: whether it has one now, None
-    when the cache cannot be seen), and whether the DEL is long over."""
+    """What a tombstone says to the judge (judge/life.Deleted), as plain values: whether libcni dropped the
+    cache entry it had when DEL ran (`done`: it had one, `cached`, and has none now; `cached_now` is asked only
+    then: whether it has one, None when the cache cannot be seen), and whether the DEL is long over. The judge
+    asks `done` first of every tombstone it decides, so it is looked at once, here."""
 
-    __slots__ = ("_cached_now", "cached", "over")
+    __slots__ = ("cached", "done", "over")
 
     def __init__(self, deleted_at: float, cached: bool | None, cached_now: Callable[[], bool | None],
                  now: float | None = None) -> None:
-        self.cached, self._cached_now = cached, cached_now
+        self.cached = cached
+        self.done = cached is True and cached_now() is False
         self.over = (now or time.time()) - deleted_at > TOMBSTONE_GRACE_SECONDS
-
-    @property
-    def done(self) -> bool:
-        return self.cached is True and self._cached_now() is False
 
 
 class RecordObserved:

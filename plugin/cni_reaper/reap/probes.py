@@ -1,4 +1,5 @@
-"""Observations of the host, made with a few syscalls and never judged here (the judgement is evidence.py's):
+"""Observations of the host, made with a few syscalls and never judged here (the judgement is judge/'s, the
+looks it asks for evidence.py's); verbs/ and tools/ reach reap/ through this module and reap/engine.py alone:
 
 - the host: the boot (`/proc/sys/kernel/random/boot_id`), the machine (`/etc/machine-id`), the network
   namespace this process runs in and the nsfs device (`/proc/self/ns/net`); all None when /proc is not there;
@@ -449,3 +450,107 @@ def find_reservation(data_dirs: list[str], network: str, ip: str, container_id: 
         if found is not None and found.owner[0] == container_id and found.owner[1] in ("", ifname):
             return ReservationId(data_dir, found.dev, found.ino, found.mtime, found.ctime)
     return None
+
+
+# -- what the operator's commands read of the host (doctor, list), changing nothing ------------------------
+# which iptables each family uses, the native nftables tables present, the CNI chains stranded in the other
+# flavour, libcni's cache and host-local's directories as a runtime would find them, the host ports mapped
+# twice. Their modules are imported when asked for: the verbs load none of them.
+def iptables_of(backend: str, family: int) -> tuple[str | None, str]:
+    """The iptables flavour the `backend` setting gives `family` here, or None and why (flavour.detect)."""
+    from cni_reaper.reap.netfilter.flavour import detect
+
+    return detect(backend, family=family)
+
+
+def iptables_tool(family: int) -> str:
+    """The iptables command of `family` (iptables, ip6tables)."""
+    from cni_reaper.reap.netfilter.flavour import tool
+
+    return tool(family)
+
+
+def tools_path() -> str:
+    """The PATH the tools are looked for on when the process has none."""
+    from cni_reaper.reap.netfilter.flavour import FALLBACK_PATH
+
+    return FALLBACK_PATH
+
+
+def cache_problem(cache_dir: str) -> str | None:
+    """Why libcni's cache in `cache_dir` cannot be read (None: it can)."""
+    from cni_reaper.reap.cache import view
+
+    return view(cache_dir)
+
+
+def cache_results_dir(cache_dir: str) -> str:
+    """Where libcni makes its results directory under `cache_dir`."""
+    from cni_reaper.reap.cache import results_dir
+
+    return results_dir(cache_dir)
+
+
+def nomad_rights() -> str:
+    """What a Nomad token for `sweep --nomad` needs."""
+    from cni_reaper.reap.scheduler import RIGHTS
+
+    return RIGHTS
+
+
+def native_tables() -> tuple[list[str] | None, str]:
+    """The native tables of plugins 1.6+ present ("family name"), and why they could not be listed ("": they
+    could); None: no nft binary here."""
+    from cni_reaper.reap.netfilter.interface import BackendError
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+    from cni_reaper.reap.netfilter.nftables.rules import TABLES
+
+    nft = NftBackend()
+    if not nft.binary:
+        return None, ""
+    try:
+        present = nft.tables()
+    except BackendError as exc:
+        return [], str(exc)
+    return [f"{f} {n}" for f, n in TABLES if (f, n) in present], ""
+
+
+def doubled_ports() -> dict[str, set[str]]:
+    """The host ports (port/protocol) more than one container maps now, and those containers."""
+    from cni_reaper.reap.holders import port_map
+
+    return port_map().doubled()
+
+
+def stranded_cni_chains(other: str, family: int) -> int:
+    """How many CNI-* chains the nat table of the other flavour holds; 0 without running anything when that
+    flavour has no nat table (no module is loaded, no table made)."""
+    import subprocess
+
+    from cni_reaper.reap.netfilter.flavour import tool, which
+
+    binary = which(f"{tool(family)}-{other}-save")
+    if binary is None or not _has_nat_table(other, family):
+        return 0
+    try:
+        text = subprocess.run([binary, "-t", "nat"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in text.splitlines() if line.startswith(":CNI-"))
+
+
+def _has_nat_table(flavour: str, family: int) -> bool:
+    from cni_reaper.reap.netfilter.interface import BackendError
+    from cni_reaper.reap.netfilter.nftables.backend import NftBackend
+
+    if flavour == "legacy":
+        names = "/proc/net/ip_tables_names" if family == 4 else "/proc/net/ip6_tables_names"
+        try:
+            with open(names) as f:
+                return "nat" in f.read().split()
+        except OSError:
+            return False
+    try:
+        return ("ip" if family == 4 else "ip6", "nat") in NftBackend().tables()
+    except BackendError:
+        return False

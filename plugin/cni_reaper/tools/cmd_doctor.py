@@ -63,11 +63,11 @@ def _doctor_networks(args, found, contexts: list[Context], cni_path: list[str]) 
 
 def _doctor_records(contexts: list[Context]) -> list:
     """doctor's checks of the records: dead ones waiting, and what cannot be judged from here, and why."""
-    from cni_reaper.reap.engine import View
+    from cni_reaper.reap.engine import host_view
     from cni_reaper.tools import doctor
 
     out = []
-    view = View()
+    view = host_view()
     recorded = 0
     for state_dir, group in context.by_state_dir(contexts).items():
         try:
@@ -87,16 +87,16 @@ def _doctor_leaks(args, contexts: list[Context]) -> list:
     ports more than one container maps (a dead allocation's DNAT shadowing a live one's, or a conflict)."""
     from argparse import Namespace
 
-    from cni_reaper.reap import engine, inspect
+    from cni_reaper.reap import engine, probes
     from cni_reaper.tools import doctor
     from cni_reaper.tools.cmd_sweep import sweep_group
 
-    total, view = engine.outcome(), engine.View(at_once=True)
+    total, view = engine.outcome(), engine.host_view(at_once=True)
     dry = Namespace(**{**vars(args), "orphans": True, "apply": False})
     try:
         for group in context.by_state_dir(contexts).values():
             sweep_group(dry, group, total, view)
-        doubled = inspect.doubled_ports()
+        doubled = probes.doubled_ports()
     except Exception as exc:  # noqa: BLE001 - doctor reports, it does not fail on what it cannot look at
         return [doctor.Finding(doctor.WARN, "leaks", "", f"what this client leaks could not be looked at ({exc})")]
     return [_leaks_finding({**total.removed, **total.would}, doubled, sum(view.blind.values()))]

@@ -16,11 +16,11 @@ from cni_reaper.tools.output import print_json
 
 
 def run(args) -> int:
-    from cni_reaper.reap.engine import View
+    from cni_reaper.reap.engine import host_view
 
     contexts, skipped = context.contexts(args)
     items = []
-    view = View()
+    view = host_view()
     for state_dir, group in context.by_state_dir(contexts).items():
         records = [r for r in context.records_in(state_dir) if not args.network or r.network == args.network]
         states = context.states(records, group, view)
@@ -73,10 +73,10 @@ STATE_WORDS = {"live": "live", "dead": "dead", "unknown": "unknown", "left": "de
 
 def backends_line(backend: str) -> str:
     """Which iptables each family's clean-up uses (each follows its own tool, as the plugins do)."""
-    from cni_reaper.reap import inspect
+    from cni_reaper.reap import probes
 
     parts = []
     for family in (4, 6):
-        found, why = inspect.detect(backend, family=family)
+        found, why = probes.iptables_of(backend, family)
         parts.append(f"ipv{family} {found or 'none'} ({why})")
     return "iptables: " + "; ".join(parts)

@@ -47,14 +47,14 @@ def _read(contexts: list[Context]) -> tuple[list[dict], dict[tuple[str, str], in
     """Each state directory's counters, and how many records each (network, state) has, judged as every pass
     judges them."""
     from cni_reaper.judge.verdict import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
-    from cni_reaper.reap.engine import View
+    from cni_reaper.reap.engine import host_view
     from cni_reaper.state.counters import shown as load_counters
     from cni_reaper.state.store import Store
 
     word = {LIVE: "live", DEAD: "dead", EXPIRED: "dead", UNKNOWN: "unknown", LEFT: "left", HELD: "held"}
     counters: list[dict] = []
     records: dict[tuple[str, str], int] = {}
-    view = View()
+    view = host_view()
     for state_dir, group in context.by_state_dir(contexts).items():
         if not os.path.isdir(state_dir):
             continue

@@ -25,7 +25,7 @@ def run(args) -> int:
     contexts, skipped = context.contexts(args)
     log.begin(contexts[0].conf.logFile if args.apply else None, stderr=False, verb="sweep")
     total = engine.outcome()
-    view = engine.View(at_once=True)  # what something not ours held is looked at now, not at its retry time
+    view = engine.host_view(at_once=True)  # what something not ours held is looked at now, not at its retry time
     by_dir = list(context.by_state_dir(contexts).values())
     # asked before any state lock is taken: no ADD waits on Nomad's API
     word = engine.ask_word(args, lambda: [r for g in by_dir for r in context.glance(g[0])], view)  # and /proc

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from cni_reaper import PLUGIN_NAME
 from cni_reaper.cni import versions
 from cni_reaper.gojson import pick
-from cni_reaper.reap import inspect
+from cni_reaper.reap import engine, probes
 from cni_reaper.tools.conflists import Network, Scan
 
 TYPE_CHECKING = False
@@ -101,7 +101,7 @@ def plugin_versions(binary: str, version: str) -> list[str] | None:
     """The CNI versions a plugin says it speaks (CNI VERSION, as libcni asks); None when it does not answer."""
     import json
 
-    env = {"CNI_COMMAND": "VERSION", "PATH": os.environ.get("PATH", inspect.FALLBACK_PATH)}
+    env = {"CNI_COMMAND": "VERSION", "PATH": os.environ.get("PATH", probes.tools_path())}
     try:
         proc = subprocess.run([binary], input=json.dumps({"cniVersion": version or versions.IMPLICIT}), env=env,
                               capture_output=True, text=True, timeout=VERSION_TIMEOUT, check=False)
@@ -314,9 +314,9 @@ def check_view(view, confs: list, recorded: int = 0) -> list[Finding]:
 
 def _check_cache(conf, recorded: int) -> Finding:
     """Whether libcni's cache can be read (missing is normal before any runtime added anything)."""
-    problem = inspect.cache_problem(conf.cniCacheDir)
-    results = inspect.results_dir(conf.cniCacheDir)
-    fresh = not recorded and not inspect.holds_any(conf.ipamDataDir)  # no runtime has added anything yet
+    problem = probes.cache_problem(conf.cniCacheDir)
+    results = probes.cache_results_dir(conf.cniCacheDir)
+    fresh = not recorded and not engine.host_local_holds_any(conf.ipamDataDir)  # no runtime has added anything yet
     if problem and fresh and not os.path.exists(results):
         return Finding(OK, "cni-cache", "", f"libcni's cache {results} is not made yet (libcni makes it at the first "
                        "ADD; nothing is recorded or reserved yet)")
@@ -344,7 +344,7 @@ def check_iptables(backend: str) -> list[Finding]:
     out = []
     found = {}
     for family in (4, 6):
-        name, why = inspect.detect(backend, family=family)
+        name, why = probes.iptables_of(backend, family)
         found[family] = name
         if name is None:
             out.append(Finding(WARN if family == 6 else FAIL, "iptables", "", f"ipv{family}: {why}",
@@ -355,17 +355,18 @@ def check_iptables(backend: str) -> list[Finding]:
         if name is None:
             continue
         other = "legacy" if name == "nft" else "nft"
-        stranded = inspect.stranded_cni_chains(other, family)
+        stranded = probes.stranded_cni_chains(other, family)
         if stranded:
+            command = probes.iptables_tool(family)
             out.append(Finding(WARN, "iptables", "", f"ipv{family}: the {other} tables hold {stranded} CNI chain(s), "
-                               f"but {inspect.tool(family)} is now {name}: the plugins and cni-reaper no longer see them",
-                               f"inspect with {inspect.tool(family)}-{other}-save -t nat; remove what belongs to no "
+                               f"but {command} is now {name}: the plugins and cni-reaper no longer see them",
+                               f"inspect with {command}-{other}-save -t nat; remove what belongs to no "
                                "allocation, or switch back with update-alternatives"))
     return out
 
 
 def check_nftables() -> Finding:
-    present, problem = inspect.native_tables()
+    present, problem = probes.native_tables()
     if present is None:
         return Finding(OK, "nftables", "", "no nft binary: the plugins cannot make native nftables rules here")
     if problem:
@@ -485,7 +486,7 @@ def check_nomad(args) -> list[Finding]:
     word, address = asked
     if word.problems:
         return [Finding(FAIL, "nomad", "", "; ".join(word.problems),
-                        f"set NOMAD_ADDR, the TLS settings and a token with {inspect.NOMAD_RIGHTS} (README, "
+                        f"set NOMAD_ADDR, the TLS settings and a token with {probes.nomad_rights()} (README, "
                         "\"The scheduler's word\"); until then sweep --nomad removes nothing on Nomad's word")]
     return [Finding(OK, "nomad", "", f"{address} is this host's Nomad client (node {word.node}) and the token may "
                     "list its allocations: sweep --nomad also removes what allocations Nomad says are over leave "

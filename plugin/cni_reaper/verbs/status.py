@@ -50,9 +50,9 @@ def _sweep(conf: Any) -> None:
     held; when one went, the sweep runs again and finds that life dead."""
     if not os.path.isdir(conf.stateDir):
         return
-    from cni_reaper.reap.engine import View, await_lingering
+    from cni_reaper.reap.engine import await_lingering, host_view
 
-    view = View(recreate_wait=RECREATE_WAIT)
+    view = host_view(recreate_wait=RECREATE_WAIT)
     _locked_sweep(conf, view)
     if not view.lingering:
         return
@@ -62,7 +62,7 @@ def _sweep(conf: Any) -> None:
         log.warn("the wait for a replaced namespace's veth failed", error=f"{type(exc).__name__}: {exc}")
         return
     if went:
-        _locked_sweep(conf, View())
+        _locked_sweep(conf, host_view())
 
 
 def _locked_sweep(conf: Any, view: View) -> None:
