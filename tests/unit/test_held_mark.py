@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from cni_reaper.judge import DEAD, HELD, LEFT, LIVE, UNKNOWN, WAIT
 from cni_reaper.judge.life import Sign, decide_record
-from cni_reaper.judge.verdict import DEAD, HELD, LEFT, LIVE, UNKNOWN, WAIT
 from cni_reaper.reap.evidence import RecordObserved
 from cni_reaper.state import record
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import itertools
 
-from cni_reaper.judge import modes, reservations
-from cni_reaper.judge.life import Sign, decide_cached, decide_record
-from cni_reaper.judge.verdict import (
+from cni_reaper.judge import (
     DEAD,
     DONE,
     EXPIRED,
@@ -30,7 +28,10 @@ from cni_reaper.judge.verdict import (
     UNKNOWN,
     WAIT,
     Verdict,
+    modes,
+    reservations,
 )
+from cni_reaper.judge.life import Sign, decide_cached, decide_record
 
 SIGNS = (LIVE, DEAD, None)
 

@@ -40,7 +40,7 @@ def test_a_line_that_cannot_be_written_fails_nothing(tmp_path, capsys):
 
 def test_the_records_dropped_are_told_even_when_a_later_one_cannot_be_trimmed(tmp_path):
     """A sweep's batch drops two records, then a trim fails (a full disk): the two drops are in the log."""
-    from cni_reaper.judge.verdict import DEAD, LIVE
+    from cni_reaper.judge import DEAD, LIVE
     from cni_reaper.reap import sweep
     from cni_reaper.values import Key
     from testkit.records import bare

@@ -21,7 +21,7 @@ out of this process's reach, or None).
 
 from __future__ import annotations
 
-from cni_reaper.judge.verdict import DEAD, DONE, EXPIRED, HELD, LEFT, LIVE, SWEEPABLE, UNKNOWN, WAIT, Verdict
+from cni_reaper.judge import DEAD, DONE, EXPIRED, HELD, LEFT, LIVE, SWEEPABLE, UNKNOWN, WAIT, Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from cni_reaper.state.store import Store
     from cni_reaper.values import DelCall, Key
 
-from cni_reaper.judge.verdict import DEAD, Verdict
+from cni_reaper.judge import DEAD, Verdict
 
 
 def add_pass(store: Store, conf: Any) -> Outcome | None:

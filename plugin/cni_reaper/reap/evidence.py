@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from cni_reaper.state.record import DirId, HostId, Life, NetnsId, Veth
 
 from cni_reaper import log
+from cni_reaper.judge import DEAD, LIVE, Verdict
 from cni_reaper.judge.life import Sign, decide_cached, decide_life, decide_record
-from cni_reaper.judge.verdict import DEAD, LIVE, Verdict
 from cni_reaper.reap import probes
 from cni_reaper.state.record import HELD_MAX_SECONDS
 

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from cni_reaper.reap.targets import Target
 
 from cni_reaper import log
+from cni_reaper.judge import DEAD, UNKNOWN
 from cni_reaper.judge.reservations import NONE_BY_TIME, bound
-from cni_reaper.judge.verdict import DEAD, UNKNOWN
 from cni_reaper.reap import cache
 from cni_reaper.reap.evidence import judge_cached
 

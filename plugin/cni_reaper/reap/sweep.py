@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import log
 from cni_reaper.cni.conf import DEFAULT_IPAM_DIRS
-from cni_reaper.judge.verdict import DEAD, DONE, HOLDING, LIVE, SWEEPABLE, UNKNOWN, WAIT, Verdict
+from cni_reaper.judge import DEAD, DONE, HOLDING, LIVE, SWEEPABLE, UNKNOWN, WAIT, Verdict
 from cni_reaper.reap import cache, probes
 from cni_reaper.reap.evidence import Deleted, Facts, View, judge_attachment, judge_life, live_at_path
 from cni_reaper.state.record import SCHEMA, RecordSettings, ips, parse_time
@@ -504,7 +504,7 @@ def stale(store: Store, conf: Any, view: View, exclude: frozenset = frozenset())
     return found, done
 
 
-def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], dict[str, str]]:
+def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[str, str]]:
     """What the state directory knows of each network's mode, its conflist's and its wrapper's (this call's
     noted): state/modes.network_modes."""
     from cni_reaper.state import modes
@@ -512,7 +512,7 @@ def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], dict[str, st
     return modes.network_modes(store, conf)
 
 
-def sweep_modes(noted: tuple[dict[str, str], dict[str, str]], conf: Any) -> ModeSources:
+def sweep_modes(noted: tuple[dict[str, str] | None, dict[str, str]], conf: Any) -> ModeSources:
     """The modes of a verb's sweep (judge/modes): state/modes.verb_sources."""
     from cni_reaper.state import modes
 

@@ -133,7 +133,7 @@ def _targets(record: Record, conf: Any, view: View, there: bool, same: bool,
     earlier lives); else every life but the reservations, the masquerade chain kept while a namespace is (or may
     be) at the DEL's netns (`there`). None: out of this process's reach (nothing now; a sweep that reaches them
     takes them)."""
-    from cni_reaper.judge.verdict import DEAD, Verdict
+    from cni_reaper.judge import DEAD, Verdict
     from cni_reaper.reap.sweep import dead_target, earlier_target, judge, settings_of
     from cni_reaper.reap.targets import PARTS
     from cni_reaper.state.record import RecordSettings

@@ -13,7 +13,7 @@ import os
 import time
 
 from cni_reaper import log
-from cni_reaper.judge.verdict import DEAD, Verdict
+from cni_reaper.judge import DEAD, Verdict
 from cni_reaper.reap import netns, nomad, probes, scheduler
 from cni_reaper.reap.evidence import Facts, judge_life
 from cni_reaper.state.journal import Journal

@@ -18,10 +18,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from cni_reaper.judge.modes import ModeSources
     from cni_reaper.state.store import Store
 
 from cni_reaper import jsonio
-from cni_reaper.judge.modes import EVERY, ModeSources
 
 MODES = ".modes"
 OBSERVED = ".observed"
@@ -42,22 +42,23 @@ def _load(store: Store, name: str) -> dict[str, str] | None:
     return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(doc, dict) else None
 
 
-def modes(store: Store) -> dict[str, str]:
+def modes(store: Store) -> dict[str, str] | None:
     """Each network's mode as its own calls said it. A file that is there but cannot be read says nothing of
-    who is observed: every network is then (EVERY), and the file is not written over (it would lose them)."""
+    who is observed (None): every network is then observed (`sources`: judge/modes.EVERY), and the file is not
+    written over (it would lose them)."""
     known = _load(store, MODES)
     if known is None:
         from cni_reaper import log
 
         log.warn("the modes file cannot be read: every network is observed, nothing is removed",
                  fix=f"remove {store.dir.root}/{MODES}; each network's next call says its mode again")
-        return {EVERY: "observe"}
     return known
 
 
-def remember_mode(store: Store, known: dict[str, str], network: str, mode: str) -> None:
-    """Note a network's mode when it differs from what the file says (the caller holds the lock)."""
-    if known.get(network, "clean") == mode or EVERY in known:
+def remember_mode(store: Store, known: dict[str, str] | None, network: str, mode: str) -> None:
+    """Note a network's mode when it differs from what the file says (the caller holds the lock; nothing is
+    noted over a file that cannot be read)."""
+    if known is None or known.get(network, "clean") == mode:
         return
     known[network] = mode
     try:
@@ -84,7 +85,7 @@ WRAPPED = ".wrapped"
 LEGACY_WRAPPED = "wrapped"  # what 0.5.0 wrote for each network of `.wrapped` (it noted the wrapper's mode in .modes)
 
 
-def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], dict[str, str]]:
+def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[str, str]]:
     """Each network's mode as its own conflist's calls said it (`.modes`), and the mode of each network a
     wrapper has served as the wrapper's calls said it (`.wrapped`), this call's noted in the one that is its:
     every call says its mode, stale or not, so that others' sweeps read it. A network chained in a conflist
@@ -97,7 +98,7 @@ def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], dict[str, st
         return known, wrapped
     said = wrapped.get(conf.name)
     if said != conf.mode:
-        if said == LEGACY_WRAPPED and known.get(conf.name) == conf.mode:
+        if said == LEGACY_WRAPPED and known is not None and known.get(conf.name) == conf.mode:
             _forget_mode(store, known, conf.name)  # 0.5.0's wrapper noted it in .modes: now said here
         wrapped[conf.name] = conf.mode
         try:
@@ -108,8 +109,6 @@ def network_modes(store: Store, conf: Any) -> tuple[dict[str, str], dict[str, st
 
 
 def _forget_mode(store: Store, known: dict[str, str], network: str) -> None:
-    if EVERY in known:
-        return
     del known[network]
     try:
         store.dir.write(MODES, jsonio.dumps(known).encode(), durable=True)
@@ -122,7 +121,7 @@ def wrapped_networks(store: Store) -> dict[str, str]:
     return _load(store, WRAPPED) or {}
 
 
-def verb_sources(noted: tuple[dict[str, str], dict[str, str]], conf: Any) -> ModeSources:
+def verb_sources(noted: tuple[dict[str, str] | None, dict[str, str]], conf: Any) -> ModeSources:
     """The modes of a verb's pass: the state directory's word (network_modes), the settings file's, and this
     call's network's mode for what it finds of networks that never chained cni-reaper."""
     return sources(*noted, file_of(conf), finder=conf.mode)
@@ -133,14 +132,17 @@ def observing(store: Store, conf: Any, network: str) -> bool:
     return verb_sources((modes(store), wrapped_networks(store)), conf).observing(network)
 
 
-def sources(known: dict[str, str], wrapped: dict[str, str], file: Any, finder: str | None = None,
+def sources(known: dict[str, str] | None, wrapped: dict[str, str], file: Any, finder: str | None = None,
             conflists: dict[str, str] | None = None, forced: str | None = None) -> ModeSources:
     """Every source of a pass's modes (judge/modes.ModeSources): the state directory's word (`known`, `wrapped`:
     network_modes), the settings file of wrapped networks (`file`, cni.settings_file.SettingsFile, or None: its top
     level and its networks; a file that cannot be used says observe), and the caller's: the mode of the call that
     found the targets (`finder`), the conflists the CLI reads (`conflists`), a mode forced for the pass."""
     from cni_reaper.cni.conf import mode_of
+    from cni_reaper.judge.modes import EVERY, ModeSources
 
+    if known is None:  # the modes file cannot be read: every network observed
+        known = {EVERY: "observe"}
     top, per = None, {}
     if file is not None:
         top = "observe" if file.problem else mode_of(file.keys, [])

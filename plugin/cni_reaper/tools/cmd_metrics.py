@@ -46,7 +46,7 @@ def _only(network: str, merged: dict, records: dict[tuple[str, str], int]) -> tu
 def _read(contexts: list[Context]) -> tuple[list[dict], dict[tuple[str, str], int]]:
     """Each state directory's counters, and how many records each (network, state) has, judged as every pass
     judges them."""
-    from cni_reaper.judge.verdict import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
+    from cni_reaper.judge import DEAD, EXPIRED, HELD, LEFT, LIVE, UNKNOWN
     from cni_reaper.reap.engine import host_view
     from cni_reaper.state.counters import shown as load_counters
     from cni_reaper.state.store import Store

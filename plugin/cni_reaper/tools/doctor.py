@@ -240,7 +240,7 @@ def check_log_file(network: str, path: str) -> Finding:
 def _record_warnings() -> list[tuple[frozenset[str], str, str]]:
     """What doctor says of records in each state that waits on something, worst first: (the states, what is
     wrong, with {n} records, {dir} and {why} the first one's, what to do)."""
-    from cni_reaper.judge.verdict import DEAD, EXPIRED, HELD, LEFT, UNKNOWN
+    from cni_reaper.judge import DEAD, EXPIRED, HELD, LEFT, UNKNOWN
 
     return [
         (frozenset({UNKNOWN}), "{n} record(s) in {dir} cannot be judged from here: {why}",
@@ -258,7 +258,7 @@ def _record_warnings() -> list[tuple[frozenset[str], str, str]]:
 
 
 def check_records(state_dir: str, networks: list[str], states: list[tuple[str, str]]) -> Finding:
-    from cni_reaper.judge.verdict import LIVE
+    from cni_reaper.judge import LIVE
 
     label = ", ".join(networks)
     if not os.path.isdir(state_dir):
