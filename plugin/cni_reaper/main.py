@@ -50,10 +50,10 @@ def _one_call() -> None:
     goes to a child when the call ends (`_exit`)."""
     import gc
 
-    from cni_reaper.cni.afterwards import enable
+    import cni_reaper
 
     gc.disable()
-    enable()
+    cni_reaper.one_call = True  # cni/afterwards.enable(), without loading it: most calls keep nothing
 
 
 def _exit(code: int) -> NoReturn:
@@ -66,10 +66,10 @@ def _exit(code: int) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):
             code = code or 1
-    from cni_reaper.cni.afterwards import detach
-
+    afterwards = sys.modules.get("cni_reaper.cni.afterwards")  # not loaded: no work was kept
     try:
-        detach()
+        if afterwards is not None:
+            afterwards.detach()
     except BaseException:  # noqa: BLE001 - the answer is written: work left undone never fails the call
         pass
     os._exit(code)

@@ -109,7 +109,7 @@ def test_a_record_as_written_reads_into_the_right_fields_and_writes_back_byte_fo
     assert r.deleted == record.Tombstone("2026-11-29T19:34:00Z", True, False, True, False, None)
     assert r.left == record.Left("2026-11-29T19:35:00Z", "held", "2026-11-29T19:36:00Z", 3)
     assert r.doc() == doc  # every key back, with its value
-    # in the models' order (state/record_fields.py): inherited fields first (ips before netnsDir since 0.6)
+    # in the models' order (state/record_checks.py): inherited fields first (ips before netnsDir since 0.6)
     order = [k for _, k, _ in record.Life._fields]
     assert list(r.doc()["current"]) == order and order.index("ips") < order.index("netnsDir")
     # a mark the schema lets be null or absent is read as none and written absent (what the builders write)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+import cni_reaper
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
@@ -22,18 +24,17 @@ AFTERWARDS_LOCK = ".afterwards.lock"
 
 _pending: list[Callable[[], None]] = []
 _lock_dirs: list[str] = []
-_enabled = [False]
 
 
 def enable() -> None:
     """This process is one CNI call that ends with main.py's `_exit`: later work may go to a child."""
-    _enabled[0] = True
+    cni_reaper.one_call = True
 
 
 def later(work: Callable[[], None], lock_dir: str) -> None:
     """Do `work` after this call's answer (at once when detaching is not enabled). `work` must not raise:
     nobody is left to hear it."""
-    if not _enabled[0]:
+    if not cni_reaper.one_call:
         work()
         return
     _pending.append(work)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import __version__
 from cni_reaper.state.names import MAX_RECORD_BYTES  # noqa: F401 - the records' limit, beside the fields' own
-from cni_reaper.state.record_fields import FIELDS, OPTIONAL, SLOTS
+from cni_reaper.state.record_checks import FIELDS, OPTIONAL, SLOTS, check_Record, check_RecordV1
 from cni_reaper.state.times import iso_at, iso_now, parse_time
 from cni_reaper.values import Key, Value
 
@@ -53,7 +53,7 @@ MAX_LINK = 15  # a link name (IFNAMSIZ - 1)
 
 # -- the typed model -----------------------------------------------------------------------------------
 # A record as every other module sees it: slotted classes named as models.py names the schema's parts, whose
-# slots and field tables are generated from the models (state/record_fields.py, by scripts/generate.py): a field is
+# slots and field tables are generated from the models (state/record_checks.py, by scripts/generate.py): a field is
 # declared once, in its model. `of` reads a document that problem() accepted (and upgrade() brought to schema 2);
 # `doc` gives the document back, key for key. tests/unit/test_record_model.py holds every class to its pydantic
 # twin field by field, and no module but this one to a record's layout.
@@ -70,7 +70,7 @@ class Part(Value):
     _optional: frozenset[str] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """The class's field table from the generated one of its name (record_fields.FIELDS, OPTIONAL)."""
+        """The class's field table from the generated one of its name (record_checks.FIELDS, OPTIONAL)."""
         super().__init_subclass__(**kwargs)
         cls._fields = tuple((slot, key, _kind(kind)) for slot, key, kind in FIELDS[cls.__name__])
         cls._optional = OPTIONAL.get(cls.__name__, frozenset())
@@ -110,7 +110,7 @@ def _copied(v: Any, sequence: Any) -> Any:
 
 
 def _kind(name: str) -> Any:
-    """How a field's value is read and written, from what record_fields.FIELDS says it holds."""
+    """How a field's value is read and written, from what record_checks.FIELDS says it holds."""
     if not name:
         return None
     return Many(_PARTS[name[1:-1]]) if name.startswith("[") else _PARTS[name]
@@ -493,10 +493,7 @@ def _is_int(v: Any) -> bool:
 
 def problem(data: Any) -> str | None:
     """Why `data` is not a record (None when it is one): what models.Record (schema 2) and models.RecordV1 say,
-    through the checks generated from them (state/record_checks.py: imported when a record is first read, which
-    an ADD of a new attachment never does)."""
-    from cni_reaper.state.record_checks import check_Record, check_RecordV1
-
+    through the checks generated from them (state/record_checks.py, with the classes' field tables)."""
     if not isinstance(data, dict) or not _is_int(data.get("schema")) or data["schema"] not in SCHEMAS:
         return f"not a record of schema {' or '.join(map(str, SCHEMAS))}"
     where = (check_Record if data["schema"] == 2 else check_RecordV1)(data)

@@ -2,8 +2,9 @@
 
 One check per model of the record: the path of the first field where a document departs from its model, or
 None. Each model is a table of its fields (JSON key, the test of its value, whether the test is a nested
-model's, giving a path) that one loop runs. Plain Python (the verbs never import pydantic);
-tests/unit/test_generated.py holds it fresh."""
+model's, giving a path) that one loop runs. Then the field tables of state/record.py's classes (FIELDS,
+OPTIONAL, SLOTS). Plain Python (the verbs never import pydantic); tests/unit/test_generated.py holds it
+fresh."""
 
 from __future__ import annotations
 
@@ -352,3 +353,97 @@ _Veth: Fields = (
 def check_Veth(d: Any) -> str | None:
     """models.Veth."""
     return _check(d, _Veth)
+
+
+# -- the field tables of state/record.py's classes, the reader and writer of a record ------------------------
+# Per class: its fields in the document's order (FIELDS: slot, JSON key, what a value that is not None holds:
+# "" a plain value, "Name" a part of class Name, "[Name]" a list of them), the keys left out of the document
+# when their value is None (OPTIONAL), and its slots (SLOTS). A slot is its JSON key in snake case.
+FIELDS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "NetnsId": (
+        ("dev", "dev", ""),
+        ("ino", "ino", ""),
+        ("ctime", "ctime", ""),
+    ),
+    "DirId": (
+        ("dev", "dev", ""),
+        ("ino", "ino", ""),
+        ("groups", "groups", ""),
+    ),
+    "HostId": (
+        ("boot", "boot", ""),
+        ("machine", "machine", ""),
+        ("netns", "netns", ""),
+        ("mnt", "mnt", ""),
+    ),
+    "Veth": (
+        ("name", "name", ""),
+        ("ifindex", "ifindex", ""),
+    ),
+    "ReservationId": (
+        ("data_dir", "dataDir", ""),
+        ("dev", "dev", ""),
+        ("ino", "ino", ""),
+        ("mtime", "mtime", ""),
+        ("ctime", "ctime", ""),
+    ),
+    "RecordedIP": (
+        ("address", "address", ""),
+        ("prefix", "prefix", ""),
+        ("family", "family", ""),
+        ("reservation", "reservation", "ReservationId"),
+    ),
+    "RecordedPortMapping": (
+        ("host_port", "hostPort", ""),
+        ("container_port", "containerPort", ""),
+        ("protocol", "protocol", ""),
+        ("host_ip", "hostIP", ""),
+    ),
+    "Life": (
+        ("netns", "netns", ""),
+        ("netns_id", "netnsId", "NetnsId"),
+        ("ips", "ips", "[RecordedIP]"),
+        ("port_mappings", "portMappings", "[RecordedPortMapping]"),
+        ("created_at", "createdAt", ""),
+        ("netns_dir", "netnsDir", "DirId"),
+        ("host", "host", "HostId"),
+        ("veth", "veth", "Veth"),
+    ),
+    "Tombstone": (
+        ("at", "at", ""),
+        ("netns_gone", "netnsGone", ""),
+        ("had_prev_result", "hadPrevResult", ""),
+        ("had_port_mappings", "hadPortMappings", ""),
+        ("verify", "verify", ""),
+        ("cached", "cached", ""),
+    ),
+    "Left": (
+        ("at", "at", ""),
+        ("why", "why", ""),
+        ("retry_at", "retryAt", ""),
+        ("tries", "tries", ""),
+    ),
+    "RecordSettings": (
+        ("ipam_data_dir", "ipamDataDir", ""),
+        ("cni_cache_dir", "cniCacheDir", ""),
+        ("backend", "backend", ""),
+    ),
+    "Record": (
+        ("schema", "schema", ""),
+        ("network", "network", ""),
+        ("container_id", "containerID", ""),
+        ("ifname", "ifname", ""),
+        ("current", "current", "Life"),
+        ("earlier", "earlier", "[Life]"),
+        ("cni_args", "cniArgs", ""),
+        ("settings", "settings", "RecordSettings"),
+        ("plugin_version", "pluginVersion", ""),
+        ("deleted", "deleted", "Tombstone"),
+        ("left", "left", "Left"),
+    ),
+}
+OPTIONAL: dict[str, frozenset[str]] = {
+    "Left": frozenset(("retryAt", "tries",)),
+    "Record": frozenset(("left",)),
+}
+SLOTS: dict[str, tuple[str, ...]] = {name: tuple(f[0] for f in fields) for name, fields in FIELDS.items()}
