@@ -212,6 +212,7 @@ def bench_verbs(flavour: str, pairs: int, driver: str, release: tuple[str, Path]
                     release[1], cni_env("DEL", f"rel-{i}", live),
                     conf(tmp, ip_of(5000 + i), 34000 + i, netns=live, state="state-release"))
             dels = interleaved(pairs, calls)
+            listed = bench_list(run, tmp / "state-1000", live, release, max(5, pairs // 3))
             scale = bench_scale(run, tmp, live, 3 * pairs)
             # a DEL that cleans one dead attachment (its netns is gone)
             dead_dels = []
@@ -239,7 +240,7 @@ def bench_verbs(flavour: str, pairs: int, driver: str, release: tuple[str, Path]
     rss = {name: round(max(r["kib"] for r in rs) / 1024, 1) for name, rs in samples.items()}
     stage_med = {k: round(statistics.median(s[k] for s in stages), 2) for k in stages[0]}
     return {"flavour": flavour, "medians_ms": med, "peak_rss_mib": rss, "stages_ms": stage_med, "chain_ms": chain,
-            "wrap_ms": wrap, "wrap_alone_ms": wrap_alone, "journal_ms": journal, "scale_ms": scale,
+            "wrap_ms": wrap, "wrap_alone_ms": wrap_alone, "journal_ms": journal, "scale_ms": scale, "list_ms": listed,
             "ratios": {
                 "journal share of a cleaning DEL": round(journal["per cleaning DEL"]
                                                          / med["cni-reaper DEL cleaning one dead attachment"], 3),
@@ -258,6 +259,21 @@ def bench_verbs(flavour: str, pairs: int, driver: str, release: tuple[str, Path]
                 "chain ADD share of the floor": round(chain["with the floor"] / chain["without"] - 1, 3),
                 **_against_release(samples, release[0] if release else None),
             }}
+
+
+def bench_list(run: Runner, state: Path, live: str, release: tuple[str, Path] | None, rounds: int) -> dict[str, float]:
+    """`cni-reaper list --json` of a state directory of 1,000 live records (the operator's command loads pydantic
+    for its output), main's and the release's interleaved; medians (ms), and main's over the release's."""
+    argv = ["list", "--json", "--state-dir", str(state), "--cni-conf-dir", str(state.parent / "no-conflists")]
+    calls = {"list, 1,000 records": lambda i: run(BINARY, {}, argv=[str(BINARY), *argv])}
+    if release is not None:
+        calls[f"{release[0]} list, 1,000 records"] = lambda i: run(release[1], {}, argv=[str(release[1]), *argv])
+    samples = interleaved(rounds, calls)
+    out = {name: median_ms([r["s"] for r in rs]) for name, rs in samples.items()}
+    if release is not None:
+        out["list - release's list (ms), paired rounds"] = paired_ms(samples, "list, 1,000 records",
+                                                                    f"{release[0]} list, 1,000 records")
+    return out
 
 
 def _against_release(samples: dict[str, list[dict]], version: str | None) -> dict[str, float]:
@@ -689,6 +705,8 @@ TARGETS = [
     ("1,000 live records add <= 5 ms of CPU time to an ADD (the same calls)",
      lambda r, f: r["verbs"][f]["scale_ms"]["ADD with 1,000 live records - ADD, side by side, CPU time"] <= 5),
     ("chain ADD grows <= 15 %", lambda r, f: r["verbs"][f]["ratios"]["chain ADD share"] <= 0.15),
+    ("`list --json` of 1,000 records no more than 100 ms slower than the last release's (paired rounds)",
+     lambda r, f: all(v <= 100 for k, v in r["verbs"][f]["list_ms"].items() if k.startswith("list - release"))),
     ("the wrapper adds no more than cni-reaper chained last (ADD; portmap's stand-in, paired rounds)",
      lambda r, f: all(v <= 0 for k, v in r["verbs"][f]["wrap_alone_ms"].items() if k.startswith("ADD: "))),
     ("the wrapper adds no more than cni-reaper chained last (DEL, nothing stale; the stand-in, paired rounds)",
@@ -777,6 +795,7 @@ def report(r: dict) -> None:
               f"({j['lines per cleaning DEL']} lines, {j['bytes per cleaning DEL']} bytes)")
         print("  ratios: " + ", ".join(f"{k} {val}" for k, val in v["ratios"].items()))
         print("  " + ", ".join(f"{k} (ms) {val}" for k, val in v["scale_ms"].items()))
+        print("  " + ", ".join(f"{k} {val}" for k, val in v["list_ms"].items()))
         print("  stages of cni-reaper's ADD (ms): " + ", ".join(f"{k} {val}" for k, val in v["stages_ms"].items()))
     print("\n== sweeps of dead attachments (iptables: masquerade chain+jump, DNAT chain+2 jumps, 2 firewall rules, "
           "1 reservation each; native: 5 rules, 1 reservation each)")

@@ -96,7 +96,7 @@ class PortMapping(GoStruct):
     """One entry of runtimeConfig.portMappings (the portMappings capability), usable as a port mapping.
     go-cni (containerd, Nomad) sends untagged struct fields ("HostPort", ...): keys match in any case."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     hostPort: int = Field(ge=1, le=65535)
     containerPort: int = Field(ge=1, le=65535)
@@ -134,7 +134,7 @@ def _usable_entries(v: Any, handler: ValidatorFunctionWrapHandler) -> List[PortM
 
 
 class RuntimeConfig(GoStruct):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     portMappings: List[PortMapping] = Field(default_factory=list)
 
@@ -163,7 +163,7 @@ class PluginConf(GoStruct):
     Keys are decoded as Go decodes them; cni-reaper's own keys fall back to their defaults when unusable,
     except `name` and `stateDir` (see conf.py)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     cniVersion: Optional[str] = None
     cniVersions: Optional[List[str]] = None
@@ -238,7 +238,7 @@ def _go_cidr(text: str) -> Union[ipaddress.IPv4Interface, ipaddress.IPv6Interfac
 
 
 class _IPConfig(GoStruct):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     gateway: Optional[str] = None
 
@@ -283,7 +283,7 @@ class OldIPConfig(_IPConfig):
 
 
 class ResultInterface(GoStruct):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     name: str = ""
     mac: str = ""
@@ -299,7 +299,7 @@ class PrevResult(GoStruct):
     """The parts of a CNI result (0.1.0 to 1.1.0) this plugin reads; everything else is passed through untouched.
     Which parts are read depends on the result's version: `ip4`/`ip6` up to 0.2.0, `ips` from 0.3.0."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     cniVersion: Optional[str] = None
     interfaces: Optional[List[Optional[ResultInterface]]] = None
@@ -333,7 +333,7 @@ class PrevResult(GoStruct):
 class NetnsIdV1(BaseModel):
     """Identity of a network namespace as cni-reaper 0.2 recorded it: device and inode of its nsfs file."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     dev: int
     ino: int
@@ -349,7 +349,7 @@ class NetnsId(NetnsIdV1):
 class DirId(BaseModel):
     """The directory a netns path is in: device, inode, and the peer groups of the mount it is on."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     dev: int
     ino: int
@@ -359,7 +359,7 @@ class DirId(BaseModel):
 class HostId(BaseModel):
     """The host a life was recorded on: boot id, machine id, the network and mount namespaces the plugin ran in."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     boot: str = Field(max_length=MAX_HOST)
     machine: str = Field(max_length=MAX_HOST)
@@ -370,7 +370,7 @@ class HostId(BaseModel):
 class Veth(BaseModel):
     """The host side of the container's veth pair: its name and index in the host's network namespace."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     name: str = Field(max_length=MAX_LINK)
     ifindex: int
@@ -379,7 +379,7 @@ class Veth(BaseModel):
 class ReservationId(BaseModel):
     """Where host-local reserved an address for this life, and the identity of that file."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     dataDir: str = Field(max_length=MAX_DIR)
     dev: int
@@ -389,7 +389,7 @@ class ReservationId(BaseModel):
 
 
 class RecordedIPV1(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     address: str = Field(max_length=64)
     prefix: int = Field(ge=0, le=128)
@@ -403,7 +403,7 @@ class RecordedIP(RecordedIPV1):
 class RecordedPortMapping(BaseModel):
     """A port mapping as a record keeps it: every field, the names spelled one way."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     hostPort: int = Field(ge=1, le=65535)
     containerPort: int = Field(ge=1, le=65535)
@@ -435,7 +435,7 @@ def _utc(v: datetime) -> datetime:
 class LifeV1(BaseModel):
     """One life of an attachment (what one ADD set up), as cni-reaper 0.2 recorded it."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     netns: str = Field(max_length=MAX_TEXT)
     netnsId: Optional[NetnsIdV1]
@@ -460,7 +460,7 @@ class Life(LifeV1):
 class TombstoneV1(BaseModel):
     """Written by DEL: the attachment is being torn down; what DEL knew when it ran."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     at: datetime = Field(strict=False)
     netnsGone: bool
@@ -480,7 +480,7 @@ class Tombstone(TombstoneV1):
 class RecordSettings(BaseModel):
     """The settings a record is cleaned with, whichever network's verb runs the sweep."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     ipamDataDir: str = Field(max_length=MAX_TEXT)
     cniCacheDir: str = Field(max_length=MAX_TEXT)
@@ -501,7 +501,7 @@ CniArgs = Annotated[Dict[Annotated[str, Field(max_length=MAX_ARG_KEY)], Annotate
 class RecordV1(BaseModel):
     """A record of cni-reaper 0.2 (schema 1): still read, and carried as it is."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     schema_: Literal[1] = Field(alias="schema")
     _schema = field_validator("schema_", mode="before")(classmethod(lambda cls, v: _strict_int(v)))
@@ -518,7 +518,7 @@ class RecordV1(BaseModel):
 class Left(BaseModel):
     """A dead attachment's leftovers that no sweep may take: they wait for the runtime's DEL or GC."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     at: datetime = Field(strict=False)
     why: str = Field(max_length=MAX_TEXT)
@@ -542,7 +542,7 @@ class Record(BaseModel):
     """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir,
     exactly as record.py writes it (every key present; record.problem() says the same in plain Python)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     schema_: Literal[2] = Field(alias="schema")
     _schema = field_validator("schema_", mode="before")(classmethod(lambda cls, v: _strict_int(v)))
@@ -618,7 +618,7 @@ FileName = Annotated[str, AfterValidator(_file_name)]
 
 
 class _JournalItem(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, defer_build=True)
 
     key: List[str] = Field(min_length=3, max_length=3,
                            description="the attachment it was removed for: network, container ID, ifname")
@@ -733,7 +733,7 @@ def journal_item_problem(item: Any) -> Optional[str]:
 
 # -- the command line's JSON (docs/schemas/*.schema.json) ------------------------------------------------------
 class _Output(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
 
 class ListedAttachment(_Output):
