@@ -56,6 +56,7 @@ def _holder(sb, kind: str, port: int, proto: str, priority: str = "-100"):
         code = UDP_BOUND if kind == "udp-socket" else TCP6_LISTEN
         p = subprocess.Popen(sb.wrap([sys.executable, "-c", code, str(port)]), env=sb.env(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stderr is not None
         assert p.stdout.readline().strip() == "ready", p.stderr.read()
         return p
     if kind == "prerouting-dnat":
@@ -215,6 +216,7 @@ def _reach_at(sb, ns_path: str, host_ip: str, port: int, reply: str) -> str:
     server = subprocess.Popen(["nsenter", f"--net={ns_path}", sys.executable, "-c", SERVE, reply],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        assert server.stdout is not None and server.stderr is not None
         assert server.stdout.readline().strip() == "ready", server.stderr.read()
         return sb.connect(host_ip, port)
     finally:

@@ -72,8 +72,9 @@ def _damage_index(state, count: int = 3) -> None:
     from cni_reaper import jsonio
     from cni_reaper.state import index
 
-    data = (state / ".index").read_bytes()
-    hot, second = index.decode(data)
+    decoded = index.decode((state / ".index").read_bytes())
+    assert isinstance(decoded, tuple), decoded
+    hot, second = decoded
     for i in range(count):
         name = f"r-{'%040x' % (0xdead0000 + i)}.json"
         (state / name).write_text("{}\n")
