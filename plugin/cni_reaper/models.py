@@ -713,7 +713,7 @@ def _adapter(name: str) -> Any:
     from pydantic import TypeAdapter
 
     if name not in _ADAPTERS:
-        _ADAPTERS[name] = TypeAdapter(SCHEMAS[name])
+        _ADAPTERS[name] = TypeAdapter(SCHEMAS[name] if name in SCHEMAS else NOMAD[name])
     return _ADAPTERS[name]
 
 
@@ -729,6 +729,76 @@ def journal_item_problem(item: Any) -> Optional[str]:
         msg = e["msg"].removeprefix("Value error, ")
         return f"{where}: {msg}" if where else msg
     return None
+
+
+# -- the Nomad agent's answers (reap/scheduler.py, `sweep --nomad`) ----------------------------------------------
+# Only what the scheduler's word reads, every other field ignored (a newer agent says more); a value of another
+# type than Nomad's makes the whole answer prove nothing (ValidationError: the word is silent and says why).
+class _NomadAnswer(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
+
+
+class NomadClientStats(_NomadAnswer):
+    node_id: Optional[str] = None
+
+
+class NomadAgentStats(_NomadAnswer):
+    client: Optional[NomadClientStats] = None
+
+
+class NomadClientConfig(_NomadAnswer):
+    StateDir: Optional[str] = None
+
+
+class NomadAgentConfig(_NomadAnswer):
+    Client: Optional[NomadClientConfig] = None
+    DataDir: Optional[str] = None
+
+
+class NomadAgentSelf(_NomadAnswer):
+    """`/v1/agent/self`: the client's node ID, and where its state directory is (its client-id file)."""
+
+    stats: Optional[NomadAgentStats] = None
+    config: Optional[NomadAgentConfig] = None
+
+    @property
+    def node_id(self) -> str:
+        return (self.stats.client.node_id or "") if self.stats and self.stats.client else ""
+
+    @property
+    def state_dir(self) -> str:
+        """The client's state directory as its configuration names it (its DataDir's client/ when it names none;
+        "" when neither is named)."""
+        c = self.config
+        if c is not None and c.Client is not None and c.Client.StateDir:
+            return c.Client.StateDir
+        return f"{c.DataDir}/client" if c is not None and c.DataDir else ""
+
+
+class NomadAllocation(_NomadAnswer):
+    """One allocation of `/v1/node/<id>/allocations` (its stub)."""
+
+    ID: str = Field(max_length=64)
+    NodeID: str = Field(max_length=64)
+    ClientStatus: str = Field(max_length=64)
+
+
+NomadAllocations = List[NomadAllocation]
+
+
+def nomad_answer(name: str, doc: Any) -> Any:
+    """An answer of the Nomad agent read by its model ("agent-self": NomadAgentSelf; "allocations": a list of
+    NomadAllocation); ValueError, in one line, when it is not one."""
+    from pydantic import ValidationError
+
+    try:
+        return _adapter(name).validate_python(doc)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if not errors:
+            raise ValueError("not as Nomad answers") from None
+        where = ".".join(str(x) for x in errors[0]["loc"]) or "the answer"
+        raise ValueError(f"{where}: {errors[0]['msg']}") from None
 
 
 # -- the command line's JSON (docs/schemas/*.schema.json) ------------------------------------------------------
@@ -812,6 +882,7 @@ class DoctorReport(_Output):
 
 
 # each output's schema, published under docs/schemas/ (scripts/schemas.py writes them; a test holds them fresh)
+NOMAD: Dict[str, Any] = {"agent-self": NomadAgentSelf, "allocations": NomadAllocations}
 SCHEMAS: Dict[str, Any] = {
     "record": Record, "journal-item": JournalItem, "list": List[ListedAttachment], "journal": List[JournalEntry],
     "sweep": SweepReport, "undo": UndoReport, "doctor": DoctorReport,

@@ -5,6 +5,7 @@ nothing and says why."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -125,6 +126,29 @@ def test_another_hosts_client_proves_nothing(standin, tmp_path):
     standin.data_dir = str(tmp_path / "elsewhere")  # a data dir that is not on this host
     word = ask(standin, {a["ID"] for a in standin.allocations})
     assert word.over == {} and "cannot be read here" in word.problems[0]
+
+
+@pytest.mark.parametrize("body,said", [
+    ('{"stats": {"client": {"node_id": 7}}}', "stats.client.node_id"),
+    (json.dumps({"stats": {"client": {"node_id": NODE}}, "config": {"DataDir": ["/opt/nomad"]}}), "config.DataDir"),
+])
+def test_an_agent_self_not_as_nomad_answers_it_proves_nothing_and_says_where(standin, body, said):
+    """The agent's answers are read by their models (models.NomadAgentSelf): a value of another type is named."""
+    standin.allocation(new_id(), "complete")
+    standin.fail["/v1/agent/self"] = (200, body, {})
+    word = ask(standin, {a["ID"] for a in standin.allocations})
+    assert word.over == {} and len(word.problems) == 1 and said in word.problems[0], word.problems
+
+
+@pytest.mark.parametrize("stub", [{"NodeID": NODE, "ClientStatus": "complete"}, {"ID": 7, "NodeID": NODE,
+                                                                               "ClientStatus": "complete"}])
+def test_a_list_with_an_allocation_not_as_nomad_lists_it_proves_nothing(standin, stub):
+    done = new_id()
+    standin.allocation(done, "complete")
+    listed = [{"ID": done, "NodeID": NODE, "ClientStatus": "complete", "JobID": "web"}, stub]
+    standin.fail[f"/v1/node/{NODE}/allocations"] = (200, json.dumps(listed), {})
+    word = ask(standin, {done})
+    assert word.over == {} and "no list of allocations" in word.problems[0] and "1.ID" in word.problems[0], word.problems
 
 
 def test_a_list_that_names_another_node_proves_nothing(standin):

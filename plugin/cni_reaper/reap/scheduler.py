@@ -106,12 +106,17 @@ def _this_client(agent: Agent, word: Word) -> str | None:
     if reply.status != 200:
         word.silent(refused(reply, "read the agent (/v1/agent/self)"))
         return None
-    me = reply.json()
-    node = _get(me, "stats", "client", "node_id")
-    if not isinstance(node, str) or not node:
+    from cni_reaper.models import nomad_answer
+
+    try:
+        me = nomad_answer("agent-self", reply.json())
+    except ValueError as exc:
+        word.silent(f"the agent's /v1/agent/self is not as Nomad answers it ({exc})")
+        return None
+    node, state = me.node_id, me.state_dir
+    if not node:
         word.silent(f"the agent at {agent.conn.address} is no Nomad client (a server only?): it runs no allocation")
         return None
-    state = _state_dir(me)
     found = read_client_id(state) if state else None
     if found != node:
         seen = f"{state}/client-id holds {found}" if found else (f"{state}/client-id cannot be read here" if state
@@ -122,34 +127,26 @@ def _this_client(agent: Agent, word: Word) -> str | None:
     return node
 
 
-def _state_dir(me: Any) -> str:
-    """The client's state directory as the agent's configuration names it (its DataDir's client/ when it names
-    none; "" when neither is named)."""
-    state = _get(me, "config", "Client", "StateDir") or ""
-    if isinstance(state, str) and state:
-        return state
-    data = _get(me, "config", "DataDir") or ""
-    return f"{data}/client" if isinstance(data, str) and data else ""
-
-
 def _listed(agent: Agent, node: str, word: Word) -> dict[str, str] | None:
     """This node's allocations as its list has them (ID -> client status); None when the list proves nothing."""
     reply = agent.get(f"/v1/node/{node}/allocations")
     if reply.status != 200:
         word.silent(refused(reply, f"list node {node}'s allocations"))
         return None
-    body = reply.json()
-    if not isinstance(body, list) or not all(isinstance(a, dict) for a in body):
-        word.silent("the list of the node's allocations is no list of allocations")
+    from cni_reaper.models import nomad_answer
+
+    try:
+        listed = nomad_answer("allocations", reply.json())
+    except ValueError as exc:
+        word.silent(f"the list of the node's allocations is no list of allocations ({exc}): nothing in it is taken")
         return None
     out: dict[str, str] = {}
-    for a in body:
-        if a.get("NodeID") != node:
-            word.silent(f"the list of node {node}'s allocations names another node's ({a.get('NodeID')!r}): "
+    for a in listed:
+        if a.NodeID != node:
+            word.silent(f"the list of node {node}'s allocations names another node's ({a.NodeID!r}): "
                         "nothing in it is taken")
             return None
-        if isinstance(a.get("ID"), str) and isinstance(a.get("ClientStatus"), str):
-            out[a["ID"]] = a["ClientStatus"]
+        out[a.ID] = a.ClientStatus
     return out
 
 
@@ -160,11 +157,3 @@ def _unknown_to_all(agent: Agent, alloc: str, word: Word) -> None:
         word.absent.add(alloc)
     elif reply.status != 200:
         word.problems.append(refused(reply, f"read allocation {alloc}"))
-
-
-def _get(d: Any, *path: str) -> Any:
-    for p in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(p)
-    return d
