@@ -1,5 +1,5 @@
 """Write the published JSON Schemas (docs/schemas/<name>.schema.json) from the pydantic models, the one declaration
-of cni-reaper's documents (plugin/cni_reaper/models.py, SCHEMAS): the record, the journal's item and each
+of cni-reaper's documents (plugin/cni_reaper/models.py, SCHEMAS, and tools/output.py, OUTPUTS): the record, the journal's item and each
 command's --json output. tests/unit/test_published_schemas.py fails when a model changed and this was not run.
 
     .venv/bin/python scripts/schemas.py          # write them
@@ -17,9 +17,9 @@ OUT = REPO / "docs" / "schemas"
 
 
 def rendered() -> dict[str, str]:
-    from cni_reaper.models import SCHEMAS, json_schema
+    from cni_reaper.tools.output import json_schema, published
 
-    return {f"{name}.schema.json": json.dumps(json_schema(name), indent=1, sort_keys=True) + "\n" for name in SCHEMAS}
+    return {f"{name}.schema.json": json.dumps(json_schema(name), indent=1, sort_keys=True) + "\n" for name in published()}
 
 
 def main(argv: list[str]) -> int:

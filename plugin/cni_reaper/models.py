@@ -801,106 +801,10 @@ def nomad_answer(name: str, doc: Any) -> Any:
         raise ValueError(f"{where}: {errors[0]['msg']}") from None
 
 
-# -- the command line's JSON (docs/schemas/*.schema.json) ------------------------------------------------------
-class _Output(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
-
-
-class ListedAttachment(_Output):
-    """One record as `list --json` shows it."""
-
-    network: str
-    containerID: str
-    ifname: str
-    ips: List[str] = Field(description="the current life's addresses (CIDR)")
-    ports: List[str] = Field(description="its port mappings, as HOSTPORT:PORT/PROTOCOL")
-    netns: str
-    state: str = Field(description="live, dead, unknown, torn down, ... (README, \"list\")")
-    why: str = Field(description="the evidence of that state")
-    earlierIPs: List[str] = Field(description="addresses of earlier lives of the same attachment")
-    createdAt: str
-    stateDir: str
-
-
-class JournalEntry(_Output):
-    """One removed item as `journal --json` shows it."""
-
-    at: float = Field(description="when its clean-up began (seconds since the epoch)")
-    verb: str = Field(description="the CNI verb or command whose clean-up removed it")
-    key: List[str] = Field(description="network, container ID, ifname")
-    kind: Optional[str]
-    what: str
-    removed: Literal["yes", "perhaps (no done)"]
-    undone: bool
-    stateDir: str
-    item: Dict[str, Any] = Field(description="the journal item as written (journal-item.schema.json)")
-
-
-class SweepReport(_Output):
-    """What `sweep --json` found or did."""
-
-    applied: bool
-    attachments: Dict[str, List[str]] = Field(description="\"network container-id [ifname]\" -> what it left")
-    count: int
-    errors: List[str]
-    skipped: List[str]
-    unknown: Dict[str, int] = Field(description="why attachments could not be judged -> how many")
-    backends: Dict[str, str]
-    held: Dict[str, str]
-    observed: Dict[str, List[str]] = Field(description="what observe mode would remove")
-    networks: List[str]
-
-
-class Refused(_Output):
-    item: str
-    why: str
-
-
-class UndoReport(_Output):
-    """What `undo --json` put back, refused and cannot put back."""
-
-    dryRun: bool
-    restored: List[str]
-    refused: List[Refused]
-    cannotRestore: List[str]
-
-
-class DoctorFinding(_Output):
-    status: Literal["OK", "WARN", "FAIL"]
-    check: str
-    network: str
-    message: str
-    fix: str
-    source: str
-
-
-class DoctorReport(_Output):
-    """What `doctor --json` found."""
-
-    ok: bool
-    findings: List[DoctorFinding]
-
-
-# each output's schema, published under docs/schemas/ (scripts/schemas.py writes them; a test holds them fresh)
+# The command line's JSON documents are declared with the commands that print them (tools/output.py: a command
+# loads pydantic and those few models, not these); tools/output.PUBLISHED names every published schema.
 NOMAD: Dict[str, Any] = {"agent-self": NomadAgentSelf, "allocations": NomadAllocations}
-SCHEMAS: Dict[str, Any] = {
-    "record": Record, "journal-item": JournalItem, "list": List[ListedAttachment], "journal": List[JournalEntry],
-    "sweep": SweepReport, "undo": UndoReport, "doctor": DoctorReport,
-}
+SCHEMAS: Dict[str, Any] = {"record": Record, "journal-item": JournalItem}  # the state's documents, published
 
 
 _ITEM_KINDS = ("iptables", "nft", "reservation", "cache", "conntrack", "netns", "record")
-
-
-def output(name: str, value: Any) -> Any:
-    """`value`, the document a command prints, checked against its published schema (SCHEMAS[name]) and given
-    back as JSON holds it: what a command prints is what its schema says (a ValidationError otherwise)."""
-    adapter = _adapter(name)
-    return adapter.dump_python(adapter.validate_python(value), mode="json", by_alias=True)
-
-
-def json_schema(name: str) -> Dict[str, Any]:
-    """The JSON Schema of one published document."""
-    schema = _adapter(name).json_schema(by_alias=True, mode="serialization")
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": f"cni-reaper/{name}.schema.json",
-            **schema}

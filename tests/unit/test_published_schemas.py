@@ -29,12 +29,11 @@ def test_a_changed_model_makes_a_schema_stale(monkeypatch):
         sys.path.pop(0)
     from pydantic import create_model
 
-    from cni_reaper import models
+    from cni_reaper.tools import output
 
     before = schemas.rendered()
-    changed = create_model("UndoReport", __base__=models.UndoReport, note=(str, ""))
-    monkeypatch.setitem(models.SCHEMAS, "undo", changed)
-    monkeypatch.setattr(models, "_ADAPTERS", {})
+    changed = create_model("UndoReport", __base__=output.UndoReport, note=(str, ""))
+    monkeypatch.setitem(output.OUTPUTS, "undo", changed)
     after = schemas.rendered()
     assert after["undo.schema.json"] != before["undo.schema.json"] and "note" in after["undo.schema.json"]
     assert {n for n in before if before[n] != after[n]} == {"undo.schema.json"}
