@@ -101,14 +101,15 @@ _ADAPTERS: Dict[str, Any] = {}
 
 
 def output(name: str, value: Any) -> Any:
-    """`value`, the document a command prints, checked against its published schema (OUTPUTS[name]) and given
-    back as JSON holds it: what a command prints is what its schema says (a ValidationError otherwise)."""
+    """`value`, the document a command prints (plain JSON values, as the commands make it), checked against its
+    published schema (OUTPUTS[name]): what a command prints is what its schema says (a ValidationError
+    otherwise). Strict, with no field but the model's: the value is printed as it was checked."""
     from pydantic import TypeAdapter
 
     if name not in _ADAPTERS:
         _ADAPTERS[name] = TypeAdapter(OUTPUTS[name])
-    adapter = _ADAPTERS[name]
-    return adapter.dump_python(adapter.validate_python(value), mode="json", by_alias=True)
+    _ADAPTERS[name].validate_python(value)
+    return value
 
 
 def published() -> Dict[str, Any]:
