@@ -1,0 +1,37 @@
+"""Who holds a lock (files.holders_stopped): STATUS waits for the state lock before a recreate, but never for a
+holder that is stopped (a suspended `cni-reaper sweep`): it lets go of nothing until someone resumes it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from cni_reaper.files import holders_stopped
+
+HOLD = ("import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "print('held', flush=True); time.sleep(60)")
+
+
+def test_a_stopped_holder_is_told_from_a_running_one_and_from_none(tmp_path):
+    lock = tmp_path / ".lock"
+    lock.touch()
+    assert not holders_stopped(str(lock))  # nobody holds it
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "held"
+        assert not holders_stopped(str(lock))  # running: it will let go
+        p.send_signal(signal.SIGSTOP)
+        for _ in range(100):  # the stop is delivered asynchronously
+            if holders_stopped(str(lock)):
+                break
+        assert holders_stopped(str(lock))
+        p.send_signal(signal.SIGCONT)
+        for _ in range(100):
+            if not holders_stopped(str(lock)):
+                break
+        assert not holders_stopped(str(lock))
+    finally:
+        p.kill()
+        p.wait()
+    assert not holders_stopped(str(tmp_path / "gone"))  # no such file: not known, so no
