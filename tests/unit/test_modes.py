@@ -65,9 +65,10 @@ def test_a_wrappers_call_never_writes_over_its_networks_conflist_mode(tmp_path):
         store.close()
 
 
-def test_a_wrapped_network_noted_by_0_5_0_takes_its_wrappers_word(tmp_path):
-    """0.5.0's wrapper noted its network's mode in .modes and "wrapped" in .wrapped: the first wrapper call
-    that says the same mode moves it to .wrapped, so that a later change of the settings file is heard."""
+def test_a_0_5_0_modes_file_keeps_its_observe_after_the_upgrade(tmp_path):
+    """0.5.0's wrapper noted its mode in .modes and "wrapped" in .wrapped; a conflist's call notes there too, and
+    no later call can tell the two apart: an observe there stays (red team rt44: dropping it let a wrapped
+    portmap's sweep clean a network its conflist observes); the wrapper's own word goes to .wrapped."""
     from cni_reaper.state.store import Store
 
     state = tmp_path / "state"
@@ -77,11 +78,34 @@ def test_a_wrapped_network_noted_by_0_5_0_takes_its_wrappers_word(tmp_path):
             (state / name).write_text(doc)
             os.chmod(state / name, 0o600)
         settings = file_with(keys={"mode": "observe"})
-        assert modes.network_modes(store, Call("w", "observe", settings)) == ({"c": "observe"}, {"w": "observe"})
+        assert modes.network_modes(store, Call("w", "observe", settings)) == ({"w": "observe", "c": "observe"},
+                                                                             {"w": "observe"})
         settings.keys = {}
         noted = modes.network_modes(store, Call("w", "clean", settings))
-        assert modes.sources(*noted, settings).of("w") == "clean"
-        assert modes.sources(*noted, settings).of("c") == "observe"
+        assert noted[1] == {"w": "clean"}
+        assert modes.sources(*noted, settings).of("w") == modes.sources(*noted, settings).of("c") == "observe"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("damage", ["torn", "list", "directory"])
+def test_a_wrapped_file_that_cannot_be_read_observes_every_network_and_is_not_written_over(tmp_path, damage):
+    """Red team rt44: a torn `.wrapped` read as "nothing wrapped" lost a wrapper's observe."""
+    from cni_reaper.state.store import Store
+
+    state = tmp_path / "state"
+    store = Store(str(state), 1).open()
+    try:
+        where = state / modes.WRAPPED
+        if damage == "directory":
+            where.mkdir()
+        else:
+            where.write_text('{"w": "obs' if damage == "torn" else '["w"]')
+            os.chmod(where, 0o600)
+        noted = modes.network_modes(store, Call("w", "clean", file_with()))
+        assert noted[1] is None
+        assert modes.sources(*noted, file_with()).of("w") == modes.sources(*noted, None).of("other") == "observe"
+        assert where.is_dir() or where.read_text() in ('{"w": "obs', '["w"]')  # not written over
     finally:
         store.close()
 

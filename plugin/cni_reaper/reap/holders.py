@@ -134,12 +134,13 @@ def _native_port_values(right: Any) -> list[int]:
 class Mapping(Value):
     """One host port held now: a DNAT rule that maps it and the attachment its tag names (container ID, "" when
     no tag names one; network, "" when the rule does not say: portmap's native rules name only the container),
-    or another holder (`by`: what holds it when it is no CNI attachment's: another chain's DNAT, a socket)."""
+    or another holder (`by`: what holds it when it is no CNI attachment's: another chain's DNAT, a socket);
+    `to`: the address it sends the port to, where the rule says ("": not read)."""
 
-    __slots__ = ("by", "container_id", "network", "port")
+    __slots__ = ("by", "container_id", "network", "port", "to")
 
-    def __init__(self, port: HostPort, container_id: str, network: str = "", by: str = "") -> None:
-        self.port, self.container_id, self.network, self.by = port, container_id, network, by
+    def __init__(self, port: HostPort, container_id: str, network: str = "", by: str = "", to: str = "") -> None:
+        self.port, self.container_id, self.network, self.by, self.to = port, container_id, network, by, to
 
 
 class PortMap:
@@ -175,7 +176,7 @@ class PortMap:
 
         for r in rules:
             if (r.family, r.table) in HOSTPORT_TABLES and r.chain in DNAT_CHAINS and r.action == "dnat":
-                self.mapped += [Mapping(p, r.comment or "") for p in native_ports(r)]
+                self.mapped += [Mapping(p, r.comment or "", to=address(r.dnat_addr) or "") for p in native_ports(r)]
 
     def add_foreign_native(self, rules: list[NativeRule]) -> None:
         """The DNAT and REDIRECT rules of nftables tables that are neither the plugins' nor iptables' (a firewall
@@ -186,13 +187,14 @@ class PortMap:
                 self.mapped += [Mapping(p, "", by=f"a rule of nftables table {r.family} {r.table}")
                                 for p in native_ports(r) or {HostPort("", EVERY_PORT)}]
 
-    def shadowed(self, ports: set[HostPort], cid: str) -> str | None:
-        """Why mapping `ports` for container `cid` would shadow another container's mapping now (a mapping
-        whose owner no tag names is another's too)."""
+    def shadowed(self, ports: set[HostPort], cid: str, to: str = "") -> str | None:
+        """Why mapping `ports` for container `cid` (to address `to`, where known) would shadow another
+        container's mapping now, or another life's of the same container (a mapping to another address), a
+        mapping whose owner no tag names included."""
         if ports and self.blind:
             return f"who maps host ports now is not known ({self.blind[0]})"
         for p in sorted(ports, key=str):
-            for m in self.others(p, cid):
+            for m in self.others(p, cid, to):
                 held = f"host port {p.port}/{p.proto or m.port.proto or 'any'}"
                 return f"{held} is held by {m.by} now" if m.by else f"{held} is mapped by another allocation now"
         return None
@@ -205,9 +207,11 @@ class PortMap:
             owners.setdefault(f"{m.port.port}/{m.port.proto or 'any'}", set()).add(m.container_id)
         return {port: who for port, who in owners.items() if len(who) > 1}
 
-    def others(self, port: HostPort, cid: str) -> list[Mapping]:
-        """The mappings of `port` (same port and protocol, any host IP) by another container than `cid`."""
-        return [m for m in self.mapped if port.clashes(m.port) and m.container_id != cid]
+    def others(self, port: HostPort, cid: str, to: str = "") -> list[Mapping]:
+        """The mappings of `port` (same port and protocol, any host IP) by another container than `cid`, or by
+        it to another address than `to` (where both are known: another life of it, made since)."""
+        return [m for m in self.mapped if port.clashes(m.port)
+                and (m.container_id != cid or (to and m.to and m.to != to))]
 
 
 def port_map() -> PortMap:

@@ -200,6 +200,9 @@ def _read_whole(sel: Selection, e: Entry, state: str, exclude: frozenset) -> boo
 # -- targets ------------------------------------------------------------------------------------------
 def _expect(life: Life, record: Record, s: RecordSettings, view: View) -> dict[str, Any]:
     """What each address of a life expects its own reservation to be (targets.Expect)."""
+    import time
+
+    from cni_reaper.judge.reservations import bound
     from cni_reaper.reap.targets import Expect
 
     out = {}
@@ -210,8 +213,9 @@ def _expect(life: Life, record: Record, s: RecordSettings, view: View) -> dict[s
         r = ip.reservation
         if r is not None:
             out[ip.address] = Expect(r.data_dir, owner, (r.ino, r.mtime, r.ctime), dev=r.dev, rebooted=rebooted)
-        elif host is None:  # recorded by cni-reaper 0.2: a reservation naming it, older than the life
-            out[ip.address] = Expect(s.ipam_data_dir, owner, not_after=int(life.created * 1e9))
+        elif host is None:  # recorded by cni-reaper 0.2: a reservation naming it, older than the life (its time
+            # ahead of now, written while the clock ran ahead, bounds nothing: judge/reservations.bound)
+            out[ip.address] = Expect(s.ipam_data_dir, owner, not_after=bound(int(life.created * 1e9), time.time_ns()))
     return out
 
 
@@ -504,7 +508,7 @@ def stale(store: Store, conf: Any, view: View, exclude: frozenset = frozenset())
     return found, done
 
 
-def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[str, str]]:
+def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[str, str] | None]:
     """What the state directory knows of each network's mode, its conflist's and its wrapper's (this call's
     noted): state/modes.network_modes."""
     from cni_reaper.state import modes
@@ -512,7 +516,7 @@ def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[
     return modes.network_modes(store, conf)
 
 
-def sweep_modes(noted: tuple[dict[str, str] | None, dict[str, str]], conf: Any) -> ModeSources:
+def sweep_modes(noted: tuple[dict[str, str] | None, dict[str, str] | None], conf: Any) -> ModeSources:
     """The modes of a verb's sweep (judge/modes): state/modes.verb_sources."""
     from cni_reaper.state import modes
 

@@ -431,7 +431,7 @@ def _add_native(nft: Any, adds: list[NativeOp], entries: list[Removed], report: 
 
 def _native_verdict(rule: dict[str, Any], holders: Others, ports: Any, now: set[str]) -> tuple[str, str]:
     """("add", ""), ("there", why) or ("no", why) for one journaled native rule, against the rules there now."""
-    from cni_reaper.reap.holders import native_addresses, native_ports
+    from cni_reaper.reap.holders import address, native_addresses, native_ports
     from cni_reaper.reap.netfilter.nftables.rules import DNAT_CHAINS, parse_rule
 
     parsed = parse_rule(dict(rule, handle=0))  # journaled with its handle since 0.4; added back without
@@ -444,7 +444,7 @@ def _native_verdict(rule: dict[str, Any], holders: Others, ports: Any, now: set[
         return "there", "already there"
     held = holders.of(native_addresses(parsed))
     if held is None and parsed.chain in DNAT_CHAINS:
-        held = ports.shadowed(native_ports(parsed), parsed.comment or "")
+        held = ports.shadowed(native_ports(parsed), parsed.comment or "", address(parsed.dnat_addr) or "")
     return ("no", held) if held else ("add", "")
 
 

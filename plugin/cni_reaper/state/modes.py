@@ -82,24 +82,19 @@ def save_observed(store: Store, seen: dict[str, str]) -> None:
 WRAPPED = ".wrapped"
 
 
-LEGACY_WRAPPED = "wrapped"  # what 0.5.0 wrote for each network of `.wrapped` (it noted the wrapper's mode in .modes)
-
-
-def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[str, str]]:
+def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[str, str] | None]:
     """Each network's mode as its own conflist's calls said it (`.modes`), and the mode of each network a
     wrapper has served as the wrapper's calls said it (`.wrapped`), this call's noted in the one that is its:
     every call says its mode, stale or not, so that others' sweeps read it. A network chained in a conflist
     whose portmap is wrapped too is in both; neither call writes over the other's word (observe from either
-    wins)."""
+    wins). Either file that cannot be read is None: every network is observed (`sources`), and it is not
+    written over (it would lose what it says). 0.5.0 wrote "wrapped" for each network of `.wrapped` and noted
+    a wrapper's mode in `.modes`: that word stays (a later call cannot tell it from a conflist's)."""
     known = modes(store)
     wrapped = wrapped_networks(store)
     if getattr(conf, "wrapped_by", None) is None:
         remember_mode(store, known, conf.name, conf.mode)
-        return known, wrapped
-    said = wrapped.get(conf.name)
-    if said != conf.mode:
-        if said == LEGACY_WRAPPED and known is not None and known.get(conf.name) == conf.mode:
-            _forget_mode(store, known, conf.name)  # 0.5.0's wrapper noted it in .modes: now said here
+    elif wrapped is not None and wrapped.get(conf.name) != conf.mode:
         wrapped[conf.name] = conf.mode
         try:
             store.dir.write(WRAPPED, jsonio.dumps(dict(sorted(wrapped.items()))).encode(), durable=True)
@@ -108,20 +103,19 @@ def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[
     return known, wrapped
 
 
-def _forget_mode(store: Store, known: dict[str, str], network: str) -> None:
-    del known[network]
-    try:
-        store.dir.write(MODES, jsonio.dumps(known).encode(), durable=True)
-    except OSError:
-        pass
+def wrapped_networks(store: Store) -> dict[str, str] | None:
+    """network -> the mode its wrapper's calls last said ("wrapped": noted by 0.5.0, which said none); None
+    when the file is there and cannot be read (every network is then observed)."""
+    wrapped = _load(store, WRAPPED)
+    if wrapped is None:
+        from cni_reaper import log
+
+        log.warn("the wrapped networks' file cannot be read: every network is observed, nothing is removed",
+                 fix=f"remove {store.dir.root}/{WRAPPED}; each wrapped network's next call says its mode again")
+    return wrapped
 
 
-def wrapped_networks(store: Store) -> dict[str, str]:
-    """network -> the mode its wrapper's calls last said (LEGACY_WRAPPED: noted by 0.5.0, which said none)."""
-    return _load(store, WRAPPED) or {}
-
-
-def verb_sources(noted: tuple[dict[str, str] | None, dict[str, str]], conf: Any) -> ModeSources:
+def verb_sources(noted: tuple[dict[str, str] | None, dict[str, str] | None], conf: Any) -> ModeSources:
     """The modes of a verb's pass: the state directory's word (network_modes), the settings file's, and this
     call's network's mode for what it finds of networks that never chained cni-reaper."""
     return sources(*noted, file_of(conf), finder=conf.mode)
@@ -132,7 +126,7 @@ def observing(store: Store, conf: Any, network: str) -> bool:
     return verb_sources((modes(store), wrapped_networks(store)), conf).observing(network)
 
 
-def sources(known: dict[str, str] | None, wrapped: dict[str, str], file: Any, finder: str | None = None,
+def sources(known: dict[str, str] | None, wrapped: dict[str, str] | None, file: Any, finder: str | None = None,
             conflists: dict[str, str] | None = None, forced: str | None = None) -> ModeSources:
     """Every source of a pass's modes (judge/modes.ModeSources): the state directory's word (`known`, `wrapped`:
     network_modes), the settings file of wrapped networks (`file`, cni.settings_file.SettingsFile, or None: its top
@@ -141,13 +135,13 @@ def sources(known: dict[str, str] | None, wrapped: dict[str, str], file: Any, fi
     from cni_reaper.cni.conf import mode_of
     from cni_reaper.judge.modes import EVERY, ModeSources
 
-    if known is None:  # the modes file cannot be read: every network observed
-        known = {EVERY: "observe"}
+    if known is None or wrapped is None:  # a file of modes that cannot be read: every network observed
+        known = {**(known or {}), EVERY: "observe"}
     top, per = None, {}
     if file is not None:
         top = "observe" if file.problem else mode_of(file.keys, [])
         per = {n: "observe" if file.problem else mode_of(file.for_network(n), []) for n in file.networks}
-    return ModeSources(known, wrapped, top, per, conflists, finder, forced)
+    return ModeSources(known, wrapped or {}, top, per, conflists, finder, forced)
 
 
 def file_of(conf: Any) -> Any:

@@ -13,9 +13,6 @@ from cni_reaper.reap.netfilter.nftables.rules import TABLES, NativeOp, NativeRul
 TIMEOUT_SECONDS = 30
 
 
-IPTABLES_TABLES = ("filter", "nat", "mangle", "raw", "security", "broute")
-
-
 class NftBackend:
     name = "nft (native tables)"
 
@@ -44,10 +41,11 @@ class NftBackend:
             raise BackendError(f"nft -j list tables: unreadable output ({exc})") from None
 
     def foreign_tables(self) -> tuple[tuple[str, str], ...]:
-        """Every table that is neither the plugins' native ones nor one iptables-nft keeps (its save tool reads
-        those): a firewall manager's, kube-proxy's nftables mode, an operator's."""
-        return tuple(sorted(t for t in self.tables() - set(TABLES)
-                            if not (t[0] in ("ip", "ip6", "arp", "bridge") and t[1] in IPTABLES_TABLES)))
+        """Every table that is not the plugins' native ones: a firewall manager's, kube-proxy's nftables mode, an
+        operator's, and those named like iptables' (`ip nat`): iptables-nft-save does not list a base chain it
+        did not make ("incompatible"), so a hand-made `table ip nat` is seen here or nowhere (iptables-nft's
+        own rules are seen twice, which only ever refuses more)."""
+        return tuple(sorted(self.tables() - set(TABLES)))
 
     def read(self, tables: tuple[tuple[str, str], ...] = TABLES) -> list[NativeRule]:
         """The rules of the plugins' native `tables` (all of them by default)."""
