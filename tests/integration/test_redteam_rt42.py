@@ -119,12 +119,9 @@ def test_undo_puts_back_no_dnat_of_a_port_a_holder_not_cni_reapers_holds(box, wo
 def _foreign_live(sb, port: int, kind: str = "foreign-nft-table"):
     """A live task behind a native nftables table of someone else's (not the plugins', not iptables'): a namespace
     at 172.31.9.2 serving on port 80, and the table DNATting host port `port` to it."""
-    live = sb.container()
-    name = live.rsplit("/", 1)[1]
-    sb.run(["ip", "link", "add", "fo0", "type", "veth", "peer", "name", "fo1", "netns", name], check=True)
-    sb.run(["sh", "-ec", "ip addr add 172.31.9.1/24 dev fo0 && ip link set fo0 up"], check=True)
-    subprocess.run(["ip", "netns", "exec", name, "sh", "-ec", "ip addr add 172.31.9.2/24 dev fo1 && ip link set fo1 up && "
-                    "ip link set lo up && ip route add default via 172.31.9.1"], check=True)
+    from testkit.foreign import foreign_task
+
+    live = foreign_task(sb)
     _holder(sb, kind, port, "tcp", priority="-90")  # dstnat + 10, as firewalld's nat chains
     return live
 

@@ -101,14 +101,9 @@ def _leak(sb, port: str, conflist=None) -> tuple[str, list[str]]:
 def _operator_table(sb, table: str, port: int) -> str:
     """A live task at 172.31.9.2:80 (a namespace of its own) that host port `port` reaches through an
     operator's hand-written nftables table (`nft -f /etc/nftables.conf`), named `table`."""
-    import subprocess
+    from testkit.foreign import foreign_task
 
-    live = sb.container()
-    name = live.rsplit("/", 1)[1]
-    sb.run(["ip", "link", "add", "fo0", "type", "veth", "peer", "name", "fo1", "netns", name], check=True)
-    sb.run(["sh", "-ec", "ip addr add 172.31.9.1/24 dev fo0 && ip link set fo0 up"], check=True)
-    subprocess.run(["ip", "netns", "exec", name, "sh", "-ec", "ip addr add 172.31.9.2/24 dev fo1 && ip link set fo1 up "
-                    "&& ip link set lo up && ip route add default via 172.31.9.1"], check=True)
+    live = foreign_task(sb)
     script = (f"table {table} {{\n"
               f" chain prerouting {{ type nat hook prerouting priority -90; policy accept;\n"
               f"  tcp dport {port} dnat to 172.31.9.2:80\n }}\n"
