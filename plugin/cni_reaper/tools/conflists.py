@@ -17,7 +17,7 @@ from cni_reaper.gojson import pick
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from cni_reaper.reap.hostlocal import Keeping
+    from cni_reaper.reap.engine import Keeping
 
 DEFAULT_DIRS = ("/opt/cni/config", "/etc/cni/net.d")  # Nomad's cni_config_dir default, then the CNI convention
 EXTENSIONS = (".conf", ".conflist", ".json")
