@@ -78,3 +78,30 @@ def test_an_address_a_record_spells_otherwise_is_held_for_undo(tmp_path, written
     args = _plant(tmp_path, w, "fd00::2")
     report = json.loads(_cli(["undo", *args, "X", "--dry-run", "--json"])[1])
     assert report["restored"] == [] and "is held by the attachment W" in report["refused"][0]["why"]
+
+
+def test_undo_says_a_record_it_did_not_put_back_is_not_put_back(tmp_path):
+    """A later cni-reaper's record of the attachment is there, one this release cannot read even its key from
+    (kept as it is, never written over): undo refuses to put the journaled record back and says why; it used to
+    report "the record" as put back (red team rt44)."""
+    w = _valid_record(2)
+    w.update(containerID="W", earlier=[], deleted=None)
+    w["current"]["ips"][0].update(address="10.9.9.7", reservation=None)
+    args = _plant(tmp_path, w, "10.9.9.8")
+    state = tmp_path / "s"
+    x = _valid_record(2)
+    x.update(containerID="X", earlier=[], deleted=None)
+    x["current"]["ips"][0].update(address="10.9.9.8", reservation=None)
+    x["current"].update(netns="/var/run/netns/gone-x", netnsId=None)
+    later = {"schema": 3, "network": NET, "containerID": 7, "ifname": "eth0"}  # its key unreadable here
+    (state / record_name(NET, "X", "eth0")).write_text(json.dumps(later))
+    os.chmod(state / record_name(NET, "X", "eth0"), 0o600)
+    with open(state / ".journal", "a") as f:
+        now = time.time()
+        f.write(json.dumps({"t": "intent", "id": "e2", "at": now, "verb": "sweep",
+                            "items": [{"kind": "record", "key": [NET, "X", "eth0"], "record": x}]}) + "\n")
+        f.write(json.dumps({"t": "done", "id": "e2", "at": now, "removed": [0]}) + "\n")
+    report = json.loads(_cli(["undo", *args, "X", "--json", "--log-file", str(tmp_path / "log")])[1])
+    assert not [r for r in report["restored"] if "the record" in r], report
+    assert any("later cni-reaper" in r["why"] for r in report["refused"]), report
+    assert json.loads((state / record_name(NET, "X", "eth0")).read_text()) == later  # kept as it is

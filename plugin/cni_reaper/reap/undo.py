@@ -519,8 +519,9 @@ def _record_of(store: Store, entries: list[Removed], holders: Others, report: Re
         for e in entries:
             report.no(e, held or "a record of this attachment exists (a newer life)")
         return
-    if not dry_run:
-        store.save(of_document(rec))
+    if not dry_run and not store.save(of_document(rec)):
+        report.no(newest, "a later cni-reaper's record of this attachment is there, kept as it is")
+        return
     report.ok(newest, "the record")
     for e in entries:
         if e is not newest:

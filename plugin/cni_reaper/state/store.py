@@ -103,10 +103,12 @@ class Store:
         found = self._read.get(id(record))
         return found[1] if found is not None and found[0] is record else record.doc()
 
-    def save(self, record: Record) -> None:
+    def save(self, record: Record) -> bool:
+        """Write the record (durably) and index it. False: nothing written, a later cni-reaper's record is there
+        (kept as it is)."""
         name = record_name(*record.key)
         if self._kept_as_later(name):
-            return
+            return False
         data = jsonio.dumps(record.doc()).encode() + b"\n"
         if len(data) > MAX_RECORD_BYTES:  # the builders' limits make this impossible; never write what we would refuse
             raise CniError(IO_FAILURE, f"record of {record.container_id} too large ({len(data)} bytes)")
@@ -117,6 +119,7 @@ class Store:
                            "check free space and permissions of the state directory") from None
         if self.index is not None:
             self.index.set(name, Entry.of_record(record, ino))
+        return True
 
     def remove(self, network: str, container_id: str, ifname: str, sync: bool = True) -> None:
         """Delete a record; with sync=False the caller calls sync() once after a batch of removals."""

@@ -99,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("container_id", metavar="CONTAINER_ID")
     p.add_argument("--dry-run", action="store_true", help="say what would be put back and what not, change nothing")
+    p.add_argument("--log-file", help="where undo logs what it put back (overrides logFile; \"\" for none)")
     p = sub.add_parser("metrics", help="counters of the clean-ups and records by state, in the Prometheus text format")
     _common(p)
     p.add_argument("--textfile", metavar="DIR",
