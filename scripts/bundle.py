@@ -46,6 +46,9 @@ from pathlib import Path
 import elfver
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "build"))
+import codeindex
+
 WORK = Path(os.environ.get("CNI_REAPER_BUILD_WORK", REPO / "build" / "work"))
 CACHE = Path(os.environ.get("CNI_REAPER_BUILD_CACHE", "/var/cache/cni-reaper/build"))  # once per machine
 MIRROR = os.environ.get("CNI_REAPER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -61,7 +64,7 @@ MAX_GLIBC = (2, 28)
 # the only symbols the floor may change the version of: glibc 2.29 gave these new symbol versions (the
 # implementations without the SVID error-handling wrapper); the old versions stay exported by every glibc
 LOWERED = {"exp", "log", "log2", "pow"}
-SOURCES = ["plugin", "build/cni-reaper.spec", "build/entry.py", "build/requirements-bundle.txt",
+SOURCES = ["plugin", "build/cni-reaper.spec", "build/entry.py", "build/codeindex.py", "build/requirements-bundle.txt",
            "build/pyinstaller-patch.py", "build/floor.spec", "build/floor", "pyproject.toml", "README.md"]
 
 
@@ -330,6 +333,8 @@ strip --strip-unneeded cni-reaper.lib/*.so* cni-reaper.lib/python3*/lib-dynload/
     shutil.rmtree(dist, ignore_errors=True)
     dist.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(build_dir / "dist" / "cni-reaper", dist, symlinks=True)
+    held = codeindex.write(str(dist / "cni-reaper.lib"), frozenset(sys.stdlib_module_names))
+    say(f"{arch}: code index of {held} modules (build/codeindex.py)")
     floor(dist)
     check(dist)
     return dist

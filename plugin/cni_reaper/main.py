@@ -78,6 +78,7 @@ def _exit(code: int) -> NoReturn:
 def _staged() -> int:
     """A CNI call that also writes on stderr when its stages began, in CLOCK_MONOTONIC nanoseconds: how
     scripts/bench.sh splits a start into interpreter, imports and work (set CNI_REAPER_STAGES=1)."""
+    import json
     import time
 
     entered = time.monotonic_ns()
@@ -87,7 +88,12 @@ def _staged() -> int:
     imported = time.monotonic_ns()
     code = main_cni(os.environ, dispatch)
     done = time.monotonic_ns()
-    sys.stderr.write(f'{{"stages": {{"main": {entered}, "imported": {imported}, "done": {done}}}}}\n')
+    # and which of its modules were imported from their own files rather than the bundle's code index
+    # (build/codeindex.py; outside the bundle: all of them)
+    files = sorted(n for n, m in list(sys.modules.items())
+                   if n.startswith("cni_reaper") and type(getattr(m, "__loader__", None)).__name__ != "CodeFinder")
+    stages = {"main": entered, "imported": imported, "done": done, "from_files": files}
+    sys.stderr.write(json.dumps({"stages": stages}) + "\n")
     return code
 
 

@@ -1,0 +1,168 @@
+"""The bundle's code index: the compiled modules a CNI call imports, in one file read with one pread each.
+
+With PyInstaller's `noarchive` every module is a .pyc file in cni-reaper.lib, and the interpreter's path
+finder pays for each one: a directory check, a stat, an open, a read, a header check (about 45 us here for
+an empty module, more than unmarshalling and running most of ours). A nothing-stale ADD or DEL imports some
+20 modules of cni-reaper and a dozen of the standard library after the entry point. `write` (scripts/bundle.py,
+once the bundle is built) copies their code, unchanged, out of the .pyc files PyInstaller compiled into one
+file, cni-reaper.lib/CODE_INDEX, with a table of where each module's code is; `install` (build/entry.py, the
+bundle's first step) puts a finder in front of the path finder that serves those modules from it. The .pyc
+files stay where they are: whatever the index does not hold, or cannot give (an index of another Python, a
+damaged file), is imported from them as before. Modules keep their names, packages and `__file__`.
+
+Layout: MAGIC, a 4-byte little-endian length n, then n bytes of marshal (version 4) of
+{name: (offset, size, is_package)}, then each module's code (the .pyc's body after its 16-byte header).
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
+CODE_INDEX = "code.index"
+MAGIC = b"cni-reaper code index 1\n"
+HEADER = 16  # a .pyc's header: Python's magic number, flags, and two words of source stamp or hash
+
+# what the index holds: cni-reaper's own modules, and the standard library's pure-Python ones beside them
+# (not the third-party packages, whose loaders some of them look at; not the codecs, which the interpreter
+# loads before the entry point and looks up by name later)
+OWN = "cni_reaper"
+LEFT_OUT = frozenset({"encodings"})
+
+
+class CodeFinder:
+    """A meta path finder for the modules in the index (`table`: name -> (offset, size, is_package))."""
+
+    def __init__(self, fd: int, table: dict[str, tuple[int, int, bool]], lib: str, spec: type[ModuleSpec]) -> None:
+        self.fd, self.table, self.lib, self.spec = fd, table, lib, spec
+
+    def find_spec(self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+                  ) -> ModuleSpec | None:
+        entry = self.table.get(name)
+        if entry is None:
+            return None
+        where = os.path.join(self.lib, *name.split("."))
+        origin = os.path.join(where, "__init__.pyc") if entry[2] else where + ".pyc"
+        spec = self.spec(name, self, origin=origin, is_package=entry[2])  # type: ignore[arg-type] # a Loader in all but name
+        spec.has_location = True  # __file__, as the path finder would set it
+        if entry[2]:
+            spec.submodule_search_locations = [where]
+        return spec
+
+    def create_module(self, spec: ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        offset, size, _ = self.table[module.__name__]
+        try:
+            code = marshal.loads(os.pread(self.fd, size, offset))
+        except (OSError, ValueError, EOFError, TypeError):  # a damaged index: the module's own .pyc
+            with open(module.__file__ or "", "rb") as f:
+                code = marshal.loads(f.read()[HEADER:])
+        exec(code, module.__dict__)
+
+
+def install(lib: str) -> bool:
+    """Serve the modules of `lib`/CODE_INDEX first; False (nothing changed) when it is missing, damaged, or
+    made for another Python."""
+    opened = _open(os.path.join(lib, CODE_INDEX))
+    if opened is None:
+        return False
+    fd, table = opened
+    sys.meta_path.insert(0, CodeFinder(fd, table, lib, sys.modules["_frozen_importlib"].ModuleSpec))
+    return True
+
+
+def read_table(path: str) -> dict[str, tuple[int, int, bool]] | None:
+    """The table of the index at `path` (None: missing, damaged, or of another Python)."""
+    opened = _open(path)
+    if opened is None:
+        return None
+    os.close(opened[0])
+    return opened[1]
+
+
+def _open(path: str) -> tuple[int, dict[str, tuple[int, int, bool]]] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, len(MAGIC) + 8, 0)
+        python = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
+        if head[:len(MAGIC)] != MAGIC or head[len(MAGIC) + 4:] != python:
+            raise ValueError("not an index of this Python")
+        n = int.from_bytes(head[len(MAGIC):len(MAGIC) + 4], "little")
+        table = marshal.loads(os.pread(fd, n, len(head)))
+        if type(table) is not dict:
+            raise ValueError("no table")
+    except (OSError, ValueError, EOFError, TypeError):
+        os.close(fd)
+        return None
+    return fd, table
+
+
+def _modules(lib: str, stdlib: frozenset) -> dict[str, tuple[str, bool]]:
+    """name -> (.pyc path, is_package) of every module the index holds."""
+    out = {}
+    for root, dirs, files in os.walk(lib):
+        dirs.sort()
+        rel = os.path.relpath(root, lib)
+        parts = [] if rel == "." else rel.split(os.sep)
+        if parts and (parts[0] in LEFT_OUT or not (parts[0] == OWN or parts[0] in stdlib)):
+            dirs[:] = []
+            continue
+        for f in sorted(files):
+            if not f.endswith(".pyc"):
+                continue
+            stem = f[:-4]
+            if not parts and stem not in stdlib and stem != OWN:
+                continue
+            if stem == "__init__":
+                if parts:
+                    out[".".join(parts)] = (os.path.join(root, f), True)
+            else:
+                out[".".join([*parts, stem])] = (os.path.join(root, f), False)
+    return out
+
+
+def write(lib: str, stdlib: frozenset) -> int:
+    """Write `lib`/CODE_INDEX from the .pyc files PyInstaller compiled (all of one Python): cni-reaper's and
+    those of the standard library's modules named in `stdlib`. Returns how many modules it holds."""
+    modules = _modules(lib, stdlib)
+    magic = None
+    bodies = []
+    for name, (path, package) in sorted(modules.items()):
+        with open(path, "rb") as f:
+            data = f.read()
+        if magic is None:
+            magic = data[:4]
+        elif data[:4] != magic:
+            raise ValueError(f"{path}: compiled by another Python")
+        bodies.append((name, package, data[HEADER:]))
+    if magic is None:
+        raise ValueError(f"{lib}: no compiled modules")
+    # the table's offsets depend on its own length: lay it out with room to spare, then fix it
+    table: dict[str, tuple[int, int, bool]] = {}
+    size = len(marshal.dumps({n: (1 << 40, len(b), p) for n, p, b in bodies}, 4))
+    start = len(MAGIC) + 4 + 4 + size
+    offset = start
+    for name, package, body in bodies:
+        table[name] = (offset, len(body), package)
+        offset += len(body)
+    raw = marshal.dumps(table, 4)
+    raw += b"\0" * (size - len(raw))  # marshal's ints of offsets below 1 << 40 take no more room
+    path = os.path.join(lib, CODE_INDEX)
+    with open(path + ".tmp", "wb") as f:
+        f.write(MAGIC + size.to_bytes(4, "little") + magic + raw)
+        for _, _, body in bodies:
+            f.write(body)
+    os.replace(path + ".tmp", path)
+    return len(bodies)
