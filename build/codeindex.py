@@ -14,8 +14,7 @@ Layout: MAGIC, a 4-byte little-endian length n, then n bytes of marshal (version
 {name: (offset, size, is_package)}, then each module's code (the .pyc's body after its 16-byte header).
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: the bundle would import one more module from its file first
 import marshal
 import os
 import sys
@@ -25,6 +24,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
+
+    Table = dict[str, tuple[int, int, bool]]  # module name -> (offset, size, is_package)
 
 CODE_INDEX = "code.index"
 MAGIC = b"cni-reaper code index 1\n"
@@ -40,11 +41,11 @@ LEFT_OUT = frozenset({"encodings"})
 class CodeFinder:
     """A meta path finder for the modules in the index (`table`: name -> (offset, size, is_package))."""
 
-    def __init__(self, fd: int, table: dict[str, tuple[int, int, bool]], lib: str, spec: type[ModuleSpec]) -> None:
+    def __init__(self, fd: int, table: "Table", lib: str, spec: "type[ModuleSpec]") -> None:
         self.fd, self.table, self.lib, self.spec = fd, table, lib, spec
 
-    def find_spec(self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-                  ) -> ModuleSpec | None:
+    def find_spec(self, name: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+                  ) -> "ModuleSpec | None":
         entry = self.table.get(name)
         if entry is None:
             return None
@@ -56,10 +57,10 @@ class CodeFinder:
             spec.submodule_search_locations = [where]
         return spec
 
-    def create_module(self, spec: ModuleSpec) -> None:
+    def create_module(self, spec: "ModuleSpec") -> None:
         return None
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> None:
         offset, size, _ = self.table[module.__name__]
         try:
             code = marshal.loads(os.pread(self.fd, size, offset))
@@ -80,7 +81,7 @@ def install(lib: str) -> bool:
     return True
 
 
-def read_table(path: str) -> dict[str, tuple[int, int, bool]] | None:
+def read_table(path: str) -> "Table | None":
     """The table of the index at `path` (None: missing, damaged, or of another Python)."""
     opened = _open(path)
     if opened is None:
@@ -89,7 +90,7 @@ def read_table(path: str) -> dict[str, tuple[int, int, bool]] | None:
     return opened[1]
 
 
-def _open(path: str) -> tuple[int, dict[str, tuple[int, int, bool]]] | None:
+def _open(path: str) -> "tuple[int, Table] | None":
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -109,7 +110,7 @@ def _open(path: str) -> tuple[int, dict[str, tuple[int, int, bool]]] | None:
     return fd, table
 
 
-def _modules(lib: str, stdlib: frozenset) -> dict[str, tuple[str, bool]]:
+def _modules(lib: str, stdlib: "frozenset[str]") -> "dict[str, tuple[str, bool]]":
     """name -> (.pyc path, is_package) of every module the index holds."""
     out = {}
     for root, dirs, files in os.walk(lib):
@@ -133,7 +134,7 @@ def _modules(lib: str, stdlib: frozenset) -> dict[str, tuple[str, bool]]:
     return out
 
 
-def write(lib: str, stdlib: frozenset) -> int:
+def write(lib: str, stdlib: "frozenset[str]") -> int:
     """Write `lib`/CODE_INDEX from the .pyc files PyInstaller compiled (all of one Python): cni-reaper's and
     those of the standard library's modules named in `stdlib`. Returns how many modules it holds."""
     modules = _modules(lib, stdlib)
@@ -150,7 +151,7 @@ def write(lib: str, stdlib: frozenset) -> int:
     if magic is None:
         raise ValueError(f"{lib}: no compiled modules")
     # the table's offsets depend on its own length: lay it out with room to spare, then fix it
-    table: dict[str, tuple[int, int, bool]] = {}
+    table: Table = {}
     size = len(marshal.dumps({n: (1 << 40, len(b), p) for n, p, b in bodies}, 4))
     start = len(MAGIC) + 4 + 4 + size
     offset = start
