@@ -10,8 +10,11 @@ bundle's first step) puts a finder in front of the path finder that serves those
 files stay where they are: whatever the index does not hold, or cannot give (an index of another Python, a
 damaged file), is imported from them as before. Modules keep their names, packages and `__file__`.
 
-Layout: MAGIC, a 4-byte little-endian length n, then n bytes of marshal (version 4) of
-{name: (offset, size, is_package)}, then each module's code (the .pyc's body after its 16-byte header).
+Layout: MAGIC, a 4-byte little-endian length n, the 4 bytes of Python's magic number, then n bytes of marshal
+(version 4) of {name: (offset, size, is_package)}, then each module's body: its name, a NUL, and its code
+(the .pyc's body after its 16-byte header). The reader trusts none of it: an entry or a body it cannot take
+(a file cut, copied over in place while a process reads it, a FIFO in its place) sends that import to the
+path finder.
 """
 
 # no `from __future__ import annotations`: the bundle would import one more module from its file first
@@ -23,7 +26,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
-    from types import ModuleType
+    from types import CodeType, ModuleType
 
     Table = dict[str, tuple[int, int, bool]]  # module name -> (offset, size, is_package)
 
@@ -39,16 +42,19 @@ LEFT_OUT = frozenset({"encodings"})
 
 
 class CodeFinder:
-    """A meta path finder for the modules in the index (`table`: name -> (offset, size, is_package))."""
+    """A meta path finder for the modules in the index at `path` (`table`: name -> (offset, size, is_package);
+    `identity`: the file's device, inode and size when its table was read). Whatever it cannot give, for
+    whatever reason, the path finder gives. It holds no descriptor between imports."""
 
-    def __init__(self, fd: int, table: "Table", lib: str, spec: "type[ModuleSpec]") -> None:
-        self.fd, self.table, self.lib, self.spec = fd, table, lib, spec
+    def __init__(self, path: str, identity: "tuple[int, int, int]", table: "Table", lib: str,
+                 spec: "type[ModuleSpec]") -> None:
+        self.path, self.identity, self.table, self.lib, self.spec = path, identity, table, lib, spec
 
     def find_spec(self, name: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
                   ) -> "ModuleSpec | None":
         entry = self.table.get(name)
-        if entry is None:
-            return None
+        if type(entry) is not tuple or len(entry) != 3 or (entry[2] is not True and entry[2] is not False):
+            return None  # not in the index, or a damaged entry: the path finder's
         where = os.path.join(self.lib, *name.split("."))
         origin = os.path.join(where, "__init__.pyc") if entry[2] else where + ".pyc"
         spec = self.spec(name, self, origin=origin, is_package=entry[2])  # type: ignore[arg-type] # a Loader in all but name
@@ -61,53 +67,88 @@ class CodeFinder:
         return None
 
     def exec_module(self, module: "ModuleType") -> None:
-        offset, size, _ = self.table[module.__name__]
-        try:
-            code = marshal.loads(os.pread(self.fd, size, offset))
-        except (OSError, ValueError, EOFError, TypeError):  # a damaged index: the module's own .pyc
+        code = self._code(module.__name__)
+        if code is None:  # a damaged index, or one changed under this process: the module's own .pyc
             with open(module.__file__ or "", "rb") as f:
                 code = marshal.loads(f.read()[HEADER:])
         exec(code, module.__dict__)
 
+    def _code(self, name: str) -> "CodeType | None":
+        """The module's code from the index; None when the index cannot give it: its entry, its body (each
+        begins with its module's name), a file that is no longer the one whose table was read."""
+        try:
+            offset, size, _ = self.table[name]
+            if type(offset) is not int or type(size) is not int or not 0 <= offset <= self.identity[2] - size:
+                return None
+            fd = _opened(self.path)
+            try:
+                if _identity(os.fstat(fd)) != self.identity:
+                    return None
+                data = os.pread(fd, size, offset)
+            finally:
+                os.close(fd)
+            tag = name.encode() + b"\0"
+            if not data.startswith(tag):
+                return None
+            code = marshal.loads(memoryview(data)[len(tag):])
+        except Exception:  # noqa: BLE001 - OSError, ValueError, EOFError, TypeError, MemoryError: the .pyc's then
+            return None
+        return code if type(code) is _CODE else None
+
+
+_CODE = type(CodeFinder.find_spec.__code__)
+
 
 def install(lib: str) -> bool:
-    """Serve the modules of `lib`/CODE_INDEX first; False (nothing changed) when it is missing, damaged, or
-    made for another Python."""
-    opened = _open(os.path.join(lib, CODE_INDEX))
+    """Serve the modules of `lib`/CODE_INDEX first; False (nothing changed) when it is missing, not a regular
+    file, damaged, or made for another Python."""
+    path = os.path.join(lib, CODE_INDEX)
+    opened = _open(path)
     if opened is None:
         return False
-    fd, table = opened
-    sys.meta_path.insert(0, CodeFinder(fd, table, lib, sys.modules["_frozen_importlib"].ModuleSpec))
+    sys.meta_path.insert(0, CodeFinder(path, *opened, lib, sys.modules["_frozen_importlib"].ModuleSpec))
     return True
 
 
 def read_table(path: str) -> "Table | None":
     """The table of the index at `path` (None: missing, damaged, or of another Python)."""
     opened = _open(path)
-    if opened is None:
-        return None
-    os.close(opened[0])
-    return opened[1]
+    return None if opened is None else opened[1]
 
 
-def _open(path: str) -> "tuple[int, Table] | None":
+def _opened(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO in its place answers at once
+
+
+def _identity(st: "os.stat_result") -> "tuple[int, int, int]":
+    return st.st_dev, st.st_ino, st.st_size
+
+
+def _open(path: str) -> "tuple[tuple[int, int, int], Table] | None":
+    """The index's identity and table, read once (None: it cannot be used)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _opened(path)
     except OSError:
         return None
     try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000:  # S_ISREG, without importing stat
+            raise ValueError("not a regular file")
         head = os.pread(fd, len(MAGIC) + 8, 0)
         python = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
         if head[:len(MAGIC)] != MAGIC or head[len(MAGIC) + 4:] != python:
             raise ValueError("not an index of this Python")
         n = int.from_bytes(head[len(MAGIC):len(MAGIC) + 4], "little")
+        if n > st.st_size - len(head):
+            raise ValueError("a table longer than the file")
         table = marshal.loads(os.pread(fd, n, len(head)))
         if type(table) is not dict:
             raise ValueError("no table")
-    except (OSError, ValueError, EOFError, TypeError):
-        os.close(fd)
+    except Exception:  # noqa: BLE001 - whatever it is, the index is not used
         return None
-    return fd, table
+    finally:
+        os.close(fd)
+    return _identity(st), table
 
 
 def _modules(lib: str, stdlib: "frozenset[str]") -> "dict[str, tuple[str, bool]]":
@@ -147,7 +188,7 @@ def write(lib: str, stdlib: "frozenset[str]") -> int:
             magic = data[:4]
         elif data[:4] != magic:
             raise ValueError(f"{path}: compiled by another Python")
-        bodies.append((name, package, data[HEADER:]))
+        bodies.append((name, package, name.encode() + b"\0" + data[HEADER:]))
     if magic is None:
         raise ValueError(f"{lib}: no compiled modules")
     # the table's offsets depend on its own length: lay it out with room to spare, then fix it

@@ -139,3 +139,59 @@ def test_the_index_is_the_same_for_the_same_files(lib: Path) -> None:
     os.utime(lib / "cni_reaper" / "a.pyc", (0, 0))
     codeindex.write(str(lib), STDLIB)
     assert (lib / codeindex.CODE_INDEX).read_bytes() == first
+
+
+def test_a_fifo_in_place_of_the_index_is_refused_at_once(lib: Path) -> None:
+    os.mkfifo(lib / codeindex.CODE_INDEX)
+    proc = subprocess.run([sys.executable, "-S", "-c", PROBE, str(BUILD), str(lib), "cni_reaper.a"],
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["installed"] is False
+
+
+def test_a_body_that_is_not_its_modules_is_imported_from_the_file(lib: Path) -> None:
+    """An index copied over in place while a process reads it: the offsets it read point at other bytes."""
+    codeindex.write(str(lib), STDLIB)
+    path = lib / codeindex.CODE_INDEX
+    table = codeindex.read_table(str(path))
+    assert table is not None
+    data = bytearray(path.read_bytes())
+    a_at, a_size, _ = table["cni_reaper.a"]
+    b_at, b_size, _ = table["cni_reaper.b"]
+    body_b = bytes(data[b_at:b_at + b_size])
+    # b's code where a's should be (the same length, a's name kept): still refused by its name
+    data[a_at:a_at + a_size] = (body_b + b"\0" * a_size)[:a_size]
+    path.write_bytes(bytes(data))
+    out = _probe(lib, "cni_reaper.a")
+    assert out["cni_reaper.a"]["value"] == 42
+
+
+@pytest.mark.parametrize("entry", ["(1, 2)", "('x', 2, False)", "(0, 10 ** 9, False)", "(-5, 10, False)", "None",
+                                   "(16, 10, 'yes')"])
+def test_a_malformed_entry_sends_its_module_to_the_path_finder(lib: Path, entry: str) -> None:
+    import marshal
+
+    codeindex.write(str(lib), STDLIB)
+    path = lib / codeindex.CODE_INDEX
+    data = path.read_bytes()
+    table = codeindex.read_table(str(path))
+    assert table is not None
+    table["cni_reaper.b"] = eval(entry)
+    raw = marshal.dumps(table, 4)
+    head = len(codeindex.MAGIC)
+    n = int.from_bytes(data[head:head + 4], "little")
+    assert len(raw) <= n
+    path.write_bytes(data[:head + 8] + raw + b"\0" * (n - len(raw)) + data[head + 8 + n:])
+    out = _probe(lib, "cni_reaper.a")
+    assert out["installed"] is True and out["cni_reaper.a"]["value"] == 42
+
+
+def test_a_table_length_past_the_file_is_refused(lib: Path) -> None:
+    codeindex.write(str(lib), STDLIB)
+    path = lib / codeindex.CODE_INDEX
+    data = bytearray(path.read_bytes())
+    head = len(codeindex.MAGIC)
+    data[head:head + 4] = (0xFFFFFFF0).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    out = _probe(lib, "cni_reaper.a")
+    assert out["installed"] is False and out["cni_reaper.a"]["value"] == 42
