@@ -6,7 +6,7 @@ from __future__ import annotations
 from cni_reaper.errors import CniError
 from cni_reaper.tools import context
 from cni_reaper.tools.exits import EXIT_DOCTOR, EXIT_OK
-from cni_reaper.tools.output import print_json
+from cni_reaper.tools.printed import print_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

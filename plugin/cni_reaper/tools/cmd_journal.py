@@ -7,7 +7,7 @@ import time
 
 from cni_reaper.tools import context
 from cni_reaper.tools.exits import EXIT_ERROR, EXIT_OK
-from cni_reaper.tools.output import print_json
+from cni_reaper.tools.printed import print_json
 
 # how each kind of journal item reads to an operator
 _WORDS = {

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 from cni_reaper.tools import context
 from cni_reaper.tools.exits import EXIT_ERROR, EXIT_OK
-from cni_reaper.tools.output import print_json
+from cni_reaper.tools.printed import print_json
 
 
 def run(args) -> int:

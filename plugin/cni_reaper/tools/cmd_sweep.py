@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 from cni_reaper import log
 from cni_reaper.tools import context
 from cni_reaper.tools.exits import EXIT_BLIND, EXIT_ERROR, EXIT_FOUND, EXIT_LEFT, EXIT_OK
-from cni_reaper.tools.output import print_json
+from cni_reaper.tools.printed import print_json
 
 
 def run(args) -> int:

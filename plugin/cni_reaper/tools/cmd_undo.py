@@ -9,7 +9,7 @@ from cni_reaper import log
 from cni_reaper.tools import context
 from cni_reaper.tools.cmd_journal import described
 from cni_reaper.tools.exits import EXIT_LEFT, EXIT_OK
-from cni_reaper.tools.output import print_json
+from cni_reaper.tools.printed import print_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -4,16 +4,9 @@ command prints is what its schema says. Declared here, apart from models.py's re
 configuration: a command that prints a document loads pydantic and these few classes alone. PUBLISHED names
 every schema published under docs/schemas/ (these and models.SCHEMAS; scripts/schemas.py writes them)."""
 
-import json
 from typing import Any, Dict, List, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
-
-
-def print_json(name: str, document: Any) -> None:
-    print(json.dumps(output(name, document), indent=1))
-
-
 
 
 class _Output(BaseModel):
