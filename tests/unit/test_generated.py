@@ -98,3 +98,67 @@ def test_a_record_departing_from_its_model_is_refused_with_where():
     doc["current"]["ips"] = []
     doc["cniArgs"] = {"K": "x" * 4097}
     assert problem(doc).startswith("cniArgs")
+
+
+# one valid document per command (tools/output.OUTPUTS), and what is done to it: the generated core schemas
+# (tools/output_checks.py) must accept and refuse exactly what pydantic's models do
+OUTPUT_SAMPLES = {
+    "list": [{"network": "nomad", "containerID": "c1", "ifname": "eth0", "ips": ["10.0.0.2/24"], "ports": ["80:8080/tcp"],
+              "netns": "/var/run/netns/x", "state": "live", "why": "its netns", "earlierIPs": [],
+              "createdAt": "2026-12-05T10:00:00.000000Z", "stateDir": "/var/lib/cni-reaper"}],
+    "journal": [{"at": 1.5, "verb": "DEL", "key": ["n", "c", "eth0"], "kind": None, "what": "a DNAT", "removed": "yes",
+                 "undone": False, "stateDir": "/s", "item": {"kind": "iptables"}}],
+    "sweep": {"applied": True, "attachments": {"n c": ["a rule"]}, "count": 1, "errors": [], "skipped": [],
+              "unknown": {"why": 2}, "backends": {"n": "nft"}, "held": {}, "observed": {"n c": ["x"]}, "networks": ["n"]},
+    "undo": {"dryRun": False, "restored": ["x"], "refused": [{"item": "i", "why": "w"}], "cannotRestore": []},
+    "doctor": {"ok": True, "findings": [{"status": "OK", "check": "c", "network": "", "message": "m", "fix": "",
+                                         "source": "s"}]},
+}
+ODD_VALUES = [None, 1, 1.5, True, "x", [], ["x"], [1], {}, {"k": "v"}, {"k": 1}]
+
+
+def _mutations(doc):
+    """The document, and every document one change away: a key dropped, a key added, a value replaced by each
+    of ODD_VALUES (at every depth)."""
+    yield doc
+    if isinstance(doc, list):
+        for i, item in enumerate(doc):
+            for m in _mutations(item):
+                yield [*doc[:i], m, *doc[i + 1:]]
+        yield [*doc, *doc]
+        return
+    if not isinstance(doc, dict):
+        yield from ODD_VALUES
+        return
+    yield {**doc, "extra": 1}
+    for key, value in doc.items():
+        yield {k: v for k, v in doc.items() if k != key}
+        for m in _mutations(value):
+            yield {**doc, key: m}
+
+
+def test_the_generated_output_checks_accept_exactly_what_the_models_accept():
+    from pydantic import TypeAdapter, ValidationError
+
+    from cni_reaper.tools.output import OUTPUTS
+    from cni_reaper.tools.output_checks import checked
+
+    assert set(OUTPUT_SAMPLES) == set(OUTPUTS)
+    tried = refused = 0
+    for name, sample in OUTPUT_SAMPLES.items():
+        adapter = TypeAdapter(OUTPUTS[name])
+        for doc in _mutations(sample):
+            try:
+                adapter.validate_python(doc)
+                by_model = True
+            except ValidationError:
+                by_model = False
+            try:
+                checked(name, doc)
+                generated = True
+            except ValidationError:  # pydantic's is pydantic-core's
+                generated = False
+            assert by_model == generated, (name, doc)
+            tried += 1
+            refused += not by_model
+    assert tried > 500 and 0 < refused < tried

@@ -1,7 +1,7 @@
 """The command line's JSON documents (`list`, `journal`, `sweep`, `undo`, `doctor` with `--json`): their models,
-part of the one schema, and each document checked against its model before it is printed, so that what a
-command prints is what its schema says. Declared here, apart from models.py's record, journal and
-configuration: a command that prints a document loads pydantic and these few classes alone. PUBLISHED names
+part of the one schema; each document is checked against its model before it is printed (tools/printed.py, by
+the core schemas scripts/generate.py derives from these models), so that what a command prints is what its
+schema says. Declared here, apart from models.py's record, journal and configuration. PUBLISHED names
 every schema published under docs/schemas/ (these and models.SCHEMAS; scripts/schemas.py writes them)."""
 
 from typing import Any, Dict, List, Literal, Optional
@@ -90,19 +90,8 @@ class DoctorReport(_Output):
 
 OUTPUTS: Dict[str, Any] = {"list": List[ListedAttachment], "journal": List[JournalEntry], "sweep": SweepReport,
                            "undo": UndoReport, "doctor": DoctorReport}
-_ADAPTERS: Dict[str, Any] = {}
-
-
-def output(name: str, value: Any) -> Any:
-    """`value`, the document a command prints (plain JSON values, as the commands make it), checked against its
-    published schema (OUTPUTS[name]): what a command prints is what its schema says (a ValidationError
-    otherwise). Strict, with no field but the model's: the value is printed as it was checked."""
-    from pydantic import TypeAdapter
-
-    if name not in _ADAPTERS:
-        _ADAPTERS[name] = TypeAdapter(OUTPUTS[name])
-    _ADAPTERS[name].validate_python(value)
-    return value
+# each command's document is checked against its model when it is printed (tools/printed.py), by the model's core
+# schema (tools/output_checks.py, generated from OUTPUTS by scripts/generate.py): pydantic is not loaded for it
 
 
 def published() -> Dict[str, Any]:

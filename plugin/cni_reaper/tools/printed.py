@@ -1,6 +1,7 @@
-"""`print_json`: a command's `--json` document, checked against its published model before it is printed
-(tools/output.py). pydantic and the models are loaded by the call that prints one, never by the commands' import:
-`list`, `sweep` (the timer's), `undo` without `--json` start no slower for them."""
+"""`print_json`: a command's `--json` document, checked against its published model (tools/output.py) before it
+is printed, by the model's core schema generated from it (tools/output_checks.py): the call that prints one
+loads pydantic-core alone, and no command loads it for its import (`list`, the timer's `sweep`, `undo` without
+`--json` start no slower for it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,6 @@ if TYPE_CHECKING:
 
 
 def print_json(name: str, document: Any) -> None:
-    from cni_reaper.tools.output import output
+    from cni_reaper.tools.output_checks import checked
 
-    print(json.dumps(output(name, document), indent=1))
+    print(json.dumps(checked(name, document), indent=1))
