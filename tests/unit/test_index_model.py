@@ -195,3 +195,41 @@ def test_a_journal_line_with_any_field_of_the_wrong_shape_is_no_entry():
         line[i] = wrong[f[0]]
         assert Entry.of_list(line) is None, f[0]
     assert Entry.of_list(good[:-1]) is None and Entry.of_list(tuple(good)) is None
+
+
+def test_the_index_names_its_entries_fields_and_an_index_of_other_fields_is_made_anew(tmp_path):
+    """Issue 44: the index stores named fields: its first part says, by name and in order, what each position of
+    an entry holds (FIELDS); an index whose names are not this release's (a field added, removed or moved by
+    another release) is not read as this release's entries: the next call makes it anew from the records."""
+    import json
+
+    from cni_reaper.state import index as index_module
+    from cni_reaper.state.index import FIELDS, INDEX_NAME, decode, seal
+
+    run = Run(tmp_path, random.Random(7))
+    for i in range(8):
+        run.save(f"r-{i:02d}.json")
+    run.flush()
+    run.idx.write_whole()
+    data = (tmp_path / "s" / INDEX_NAME).read_bytes()
+    whole = decode(data)
+    assert isinstance(whole, tuple)
+    hot, cold = whole
+    assert hot["fields"] == [f[0] for f in FIELDS]
+    assert all(len(v) == len(FIELDS) for v in hot["raw"])
+    run.reread()  # read back as written
+    found = {n: e.ino for n, e in run.model.items()}
+    for names in (hot["fields"][::-1], [*hot["fields"], "written_by"], hot["fields"][:-1], None):
+        other = dict(hot, fields=names) if names is not None else {k: v for k, v in hot.items() if k != "fields"}
+        (tmp_path / "s" / INDEX_NAME).write_bytes(seal(json.dumps(other).encode(), cold[4:]))
+        assert decode((tmp_path / "s" / INDEX_NAME).read_bytes()) is None, names
+        again = Index(run.sd)
+        assert not again.load(found), names  # not this release's: made anew (Store.entries rebuilds it)
+    # a release whose FIELDS differ reads this one's index as another's
+    index_module.NAMED = [*index_module.NAMED, "written_by"]
+    try:
+        run.idx.write_whole()
+    finally:
+        index_module.NAMED = [f[0] for f in FIELDS]
+    assert decode((tmp_path / "s" / INDEX_NAME).read_bytes()) is None
+    run.sd.close()

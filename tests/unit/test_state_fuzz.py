@@ -71,7 +71,10 @@ def _sealed(hot: bytes, cold: bytes = b"[]", length: int | None = None) -> bytes
 
 
 def _hot(**kw) -> bytes:
-    doc = {"names": [], "inos": [], "quick": [], "raw": [], "hosts": [["b", "m", 1, 1]], "dirs": [[1, 2, []]], **kw}
+    from cni_reaper.state.index import NAMED
+
+    doc = {"fields": NAMED, "names": [], "inos": [], "quick": [], "raw": [], "hosts": [["b", "m", 1, 1]],
+           "dirs": [[1, 2, []]], **kw}
     return json.dumps(doc).encode()
 
 

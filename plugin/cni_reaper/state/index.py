@@ -7,6 +7,12 @@ checked field by field), checked against one scan of the directory (names and in
 anything that does not agree, does not parse or is not an entry of this version makes it anew from the
 records, with a log line. Every save and removal under the lock keeps it current.
 
+Its entries' fields are named in the file: the first part's `fields` lists, by name, what each position of an
+entry (and of a journal line) holds: FIELDS below, declared once, in order. An index whose names are not this
+release's is another release's, made anew from the records as one of another version is: adding, removing or
+moving a field of FIELDS needs no version written by hand. (Each entry is a list under those names rather than
+an object: 1,000 objects would repeat 16 keys 1,000 times in a file every call reads.)
+
 `.index` is read by every call, 1,000 entries on a busy client: a magic line, a CRC-32 of the rest, the
 length of its first part, then two JSON documents (parsed by the C scanner, linear in its size whatever it
 holds: `marshal` was faster, but a few crafted bytes make it allocate gigabytes). The first, read by every
@@ -44,8 +50,8 @@ from cni_reaper.values import Key
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
 JOURNAL_MAX = 64  # lines, before the index is written whole again
-VERSION = 8
-MAGIC = b"cni-reaper index 8\n"
+VERSION = 9
+MAGIC = b"cni-reaper index 9\n"
 HEAD = len(MAGIC) + 12  # the magic line, the length of the first part, the CRC-32 of each part
 MAX_BYTES = 64 << 20
 
@@ -136,6 +142,7 @@ _CHECKS = tuple(f[1] for f in FIELDS)
 _LOADS = tuple((i, f[2]) for i, f in enumerate(FIELDS) if f[2] is not None)
 _DUMPS = tuple((i, f[3]) for i, f in enumerate(FIELDS) if f[3] is not None)
 _ATTRS = tuple(f[0] for f in FIELDS)
+NAMED = list(_ATTRS)  # the first part's "fields": what each position of an entry holds, by name
 NETNS, NS, DIR, HOST, DELETED_AT, EARLIER = (AT[a] for a in ("netns", "ns", "dir", "host", "deleted_at", "earlier"))
 
 
@@ -205,8 +212,8 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
                       digest(ints)])
     cold = [body[n] for n in names]
     names += others
-    hot = {"names": names, "inos": [body[n][AT["ino"]] for n in names], "quick": quick, "raw": [body[n] for n in others],
-           "hosts": hosts, "dirs": dirs}
+    hot = {"fields": NAMED, "names": names, "inos": [body[n][AT["ino"]] for n in names], "quick": quick,
+           "raw": [body[n] for n in others], "hosts": hosts, "dirs": dirs}
     return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
 
 
@@ -269,6 +276,8 @@ def decode(data: bytes) -> tuple[dict[str, Any], bytes] | str | None:
         return f"it does not parse: {str(exc)[:100]}"
     if not (type(hot) is dict and all(type(hot.get(k)) is list for k in ("names", "inos", "quick", "raw", "hosts", "dirs"))):
         return "it holds no entries"
+    if hot.get("fields") != NAMED:  # its entries hold other fields (another release's): made anew, as of another version
+        return None
     return hot, data[m + 8:m + 12] + data[end:]
 
 
