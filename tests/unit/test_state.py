@@ -392,8 +392,10 @@ def index_entries(state) -> dict:
     raw, hosts, dirs = decode_all((state / ".index").read_bytes())
     entries = {n: make(v, hosts, dirs).to_list() for n, v in raw.items()}
     journal = state / ".index-journal"
-    for line in journal.read_text().splitlines() if journal.exists() else []:
+    for i, line in enumerate(journal.read_text().splitlines() if journal.exists() else []):
         name, entry = json.loads(line)
+        if i == 0 and name == "index":  # the journal's head: the index it extends
+            continue
         if entry is None:
             entries.pop(name, None)
         else:

@@ -10,7 +10,10 @@ records, with a log line. Every save and removal under the lock keeps it current
 Its entries' fields are named in the file: the first part's `fields` lists, by name, what each position of an
 entry (and of a journal line) holds: FIELDS below, declared once, in order. An index whose names are not this
 release's is another release's, made anew from the records as one of another version is: adding, removing or
-moving a field of FIELDS needs no version written by hand. (Each entry is a list under those names rather than
+moving a field of FIELDS needs no version written by hand. The journal's first line names the index it extends
+(its seal: the first part's length and both CRCs), so that its lines are applied to that index alone: not to
+one written by a call cut before it removed the journal, nor by another release beside it; and a call that
+cannot write the index whole removes it and journals nothing. (Each entry is a list under those names rather than
 an object: 1,000 objects would repeat 16 keys 1,000 times in a file every call reads.)
 
 `.index` is read by every call, 1,000 entries on a busy client: a magic line, a CRC-32 of the rest, the
@@ -257,6 +260,16 @@ def seal(first: bytes, second: bytes) -> bytes:
             + zlib.crc32(second).to_bytes(4, "big") + first + second)
 
 
+def sealed_by(data: bytes) -> bytes:
+    """What tells one index file from another: its first part's length and its parts' CRC-32s."""
+    return data[len(MAGIC):HEAD]
+
+
+def _journal_head(seal: bytes) -> bytes:
+    """The journal's first line: the index it extends (its seal)."""
+    return b'["index", "' + seal.hex().encode() + b'"]'
+
+
 def decode(data: bytes) -> tuple[dict[str, Any], bytes] | str | None:
     """(the first part, the second part's CRC and bytes) of `.index`; or why it cannot be used (None: it is of
     another version)."""
@@ -500,6 +513,10 @@ class Index:
         self._cold: bytes | None = None
         self._changed: set[str] = set()
         self._journal_lines = 0
+        # the seal of the index on disk this one extends (read or written by it): the journal's first line
+        # names it, so that lines are applied only to the index they were written beside (None: no index of
+        # ours is on disk; nothing is journaled then)
+        self._seal: bytes | None = None
         self._pending: list[bytes] = []  # journal lines of a batch of removals, written at flush()
         self.others: list[str] | None = None  # load(): the directory's names that are no record files
 
@@ -552,6 +569,7 @@ class Index:
                 raw[n] = v
 
     def _unusable(self) -> None:
+        self._seal = None
         if not self.sd.read_only:
             try:
                 self.sd.unlink(INDEX_NAME)
@@ -589,10 +607,16 @@ class Index:
         except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
             log.warn("index unusable; made anew from the records", problem=f"an entry is not one ({type(exc).__name__})")
             return False
+        assert data is not None
+        self._seal = sealed_by(data)
         journal, _ = self.sd.read(JOURNAL_NAME, MAX_BYTES)
         lines = (journal or b"").splitlines()
         self._journal_lines = len(lines)
-        changes = _journal_changes(lines)
+        if lines and lines[0] != _journal_head(self._seal):  # written beside another index (another release's, or
+            # one whose write was cut before the journal went): its lines may hold other fields
+            log.warn("index journal is not this index's; index made anew from the records")
+            return False
+        changes = _journal_changes(lines[1:])
         for name, e in changes or []:
             self.put(name, e)
         return changes is not None
@@ -639,9 +663,13 @@ class Index:
         self._pending = []
 
     def _append(self, lines: bytes, count: int) -> None:
+        if self._seal is None:  # no index of ours on disk to extend: the next call makes it anew
+            return
         if self._journal_lines + count > JOURNAL_MAX:
             self.write_whole()
             return
+        if self._journal_lines == 0:  # a journal begins with the index it extends
+            lines, count = _journal_head(self._seal) + b"\n" + lines, count + 1
         try:
             self.sd.append(JOURNAL_NAME, lines)
             self._journal_lines += count
@@ -660,8 +688,10 @@ class Index:
             return
         try:
             self.sd.write(INDEX_NAME, data)
-        except OSError:
+        except OSError:  # the index on disk is not this one (another's, or stale): the next call makes it anew
+            self._unusable()
             return
+        self._seal = sealed_by(data)
         kept = self.sd.unlink_or_error(JOURNAL_NAME)
         if kept is not None:  # something not ours holds the journal's name: the index is made anew by each call
             log.warn("index journal cannot be replaced", problem=kept.strerror, fix=f"remove {self.sd.root}/{JOURNAL_NAME}")
