@@ -295,12 +295,21 @@ _VALIDATORS: dict[str, Any] = {}
 
 
 def checked(name: str, document: Any) -> Any:
-    """`document`, checked against its published schema (pydantic_core.ValidationError otherwise)."""
-    if name not in _VALIDATORS:
-        from pydantic_core import SchemaValidator
+    """`document`, checked against its published schema; a CniError that says where it departs from it."""
+    from pydantic_core import SchemaValidator, ValidationError
 
+    if name not in _VALIDATORS:
         _VALIDATORS[name] = SchemaValidator(SCHEMAS[name])
-    _VALIDATORS[name].validate_python(document)
+    try:
+        _VALIDATORS[name].validate_python(document)
+    except ValidationError as exc:
+        from cni_reaper.errors import INTERNAL, CniError
+
+        first = exc.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+        raise CniError(INTERNAL, f"the `{name} --json` document does not follow its published schema "
+                       f"(docs/schemas/{name}.schema.json)", f"{where or 'the document'}: {first['msg']}; the state "
+                       "or journal holds what no cni-reaper writes: the command without --json shows it") from None
     return document
 
 '''
@@ -333,8 +342,8 @@ def data_schema(schema: object) -> object:
     config = schema.get("config", {})
     if config.get("extra_fields_behavior") != "forbid" or config.get("strict") is not True:
         raise Unsupported(f"an output model that is not strict with no extra keys: {inner.get('model_name')}")
-    return {"type": "typed-dict", "fields": fields, "extra_behavior": "forbid", "strict": True,
-            "config": {"strict": True, "extra_fields_behavior": "forbid"}}
+    return {"type": "typed-dict", "cls_name": inner["model_name"], "fields": fields, "extra_behavior": "forbid",
+            "strict": True, "config": {"strict": True, "extra_fields_behavior": "forbid"}}
 
 
 def rendered_outputs() -> str:

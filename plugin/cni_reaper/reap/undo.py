@@ -173,8 +173,8 @@ def _reservations(entries: list[Removed], holders: Others, report: Report, dry_r
         path = os.path.join(it["dataDir"], it["network"])
         d: Any = locked.get((it["dataDir"], it["network"]))
         fresh = d is None or d.fd is None  # not there at the look (host-local makes it at its first ADD)
-        if fresh and dry_run and not os.path.isdir(path):
-            report.ok(e, f"host-local reservation {it['network']}/{it['ip']}")
+        if fresh and dry_run and not os.path.isdir(path):  # nothing reserved there: judged as the undo would be
+            _reservation(e, None, holders, report, dry_run, written)
             continue
         if fresh:
             os.makedirs(path, mode=0o755, exist_ok=True)
@@ -188,10 +188,11 @@ def _reservations(entries: list[Removed], holders: Others, report: Report, dry_r
 
 def _reservation(e: Removed, d: Any, holders: Others, report: Report, dry_run: bool,
                  written: set[tuple[str, str, str]]) -> None:
-    """One journaled reservation put back in its network's directory `d` (or refused, with the reason)."""
+    """One journaled reservation put back in its network's directory `d` (or refused, with the reason; `d` None:
+    a dry run's, of a directory host-local has not made yet)."""
     it = e.item
     where = (it["dataDir"], it["network"], it["ip"])
-    now = d.get(it["ip"])
+    now = None if d is None else d.get(it["ip"])
     if now is not None:  # journaled twice and put back above, by an undo cut short, or reserved again
         if where in written or now.content == it["content"]:
             report.ok(e, "already back")

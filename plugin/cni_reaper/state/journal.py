@@ -227,7 +227,8 @@ class Removed:
     def __init__(self, event: dict[str, Any], index: int, item: dict[str, Any]) -> None:
         self.event, self.index, self.item = event["id"], index, item
         at, verb = event.get("at"), event.get("verb")
-        self.at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else 0
+        # a time, finite (NaN and infinities are no JSON; `at - at` is 0 for a finite number alone)
+        self.at = at if isinstance(at, (int, float)) and not isinstance(at, bool) and at - at == 0 else 0
         self.verb = verb if isinstance(verb, str) else ""
         self.sure = False
         self.restored = False

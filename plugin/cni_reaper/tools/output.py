@@ -32,7 +32,7 @@ class ListedAttachment(_Output):
 class JournalEntry(_Output):
     """One removed item as `journal --json` shows it."""
 
-    at: float = Field(description="when its clean-up began (seconds since the epoch)")
+    at: float = Field(description="when its clean-up began (seconds since the epoch)", allow_inf_nan=False)
     verb: str = Field(description="the CNI verb or command whose clean-up removed it")
     key: List[str] = Field(description="network, container ID, ifname")
     kind: Optional[str]

@@ -16,18 +16,29 @@ _VALIDATORS: dict[str, Any] = {}
 
 
 def checked(name: str, document: Any) -> Any:
-    """`document`, checked against its published schema (pydantic_core.ValidationError otherwise)."""
-    if name not in _VALIDATORS:
-        from pydantic_core import SchemaValidator
+    """`document`, checked against its published schema; a CniError that says where it departs from it."""
+    from pydantic_core import SchemaValidator, ValidationError
 
+    if name not in _VALIDATORS:
         _VALIDATORS[name] = SchemaValidator(SCHEMAS[name])
-    _VALIDATORS[name].validate_python(document)
+    try:
+        _VALIDATORS[name].validate_python(document)
+    except ValidationError as exc:
+        from cni_reaper.errors import INTERNAL, CniError
+
+        first = exc.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+        raise CniError(INTERNAL, f"the `{name} --json` document does not follow its published schema "
+                       f"(docs/schemas/{name}.schema.json)", f"{where or 'the document'}: {first['msg']}; the state "
+                       "or journal holds what no cni-reaper writes: the command without --json shows it") from None
     return document
 
-SCHEMAS: dict[str, Any] = {'doctor': {'config': {'extra_fields_behavior': 'forbid', 'strict': True},
+SCHEMAS: dict[str, Any] = {'doctor': {'cls_name': 'DoctorReport',
+            'config': {'extra_fields_behavior': 'forbid', 'strict': True},
             'extra_behavior': 'forbid',
             'fields': {'findings': {'required': True,
-                                    'schema': {'items_schema': {'config': {'extra_fields_behavior': 'forbid',
+                                    'schema': {'items_schema': {'cls_name': 'DoctorFinding',
+                                                                'config': {'extra_fields_behavior': 'forbid',
                                                                            'strict': True},
                                                                 'extra_behavior': 'forbid',
                                                                 'fields': {'check': {'required': True,
@@ -58,10 +69,11 @@ SCHEMAS: dict[str, Any] = {'doctor': {'config': {'extra_fields_behavior': 'forbi
                        'ok': {'required': True, 'schema': {'type': 'bool'}, 'type': 'typed-dict-field'}},
             'strict': True,
             'type': 'typed-dict'},
- 'journal': {'items_schema': {'config': {'extra_fields_behavior': 'forbid', 'strict': True},
+ 'journal': {'items_schema': {'cls_name': 'JournalEntry',
+                              'config': {'extra_fields_behavior': 'forbid', 'strict': True},
                               'extra_behavior': 'forbid',
                               'fields': {'at': {'required': True,
-                                                'schema': {'type': 'float'},
+                                                'schema': {'allow_inf_nan': False, 'type': 'float'},
                                                 'type': 'typed-dict-field'},
                                          'item': {'required': True,
                                                   'schema': {'keys_schema': {'type': 'str'},
@@ -93,7 +105,8 @@ SCHEMAS: dict[str, Any] = {'doctor': {'config': {'extra_fields_behavior': 'forbi
                               'strict': True,
                               'type': 'typed-dict'},
              'type': 'list'},
- 'list': {'items_schema': {'config': {'extra_fields_behavior': 'forbid', 'strict': True},
+ 'list': {'items_schema': {'cls_name': 'ListedAttachment',
+                           'config': {'extra_fields_behavior': 'forbid', 'strict': True},
                            'extra_behavior': 'forbid',
                            'fields': {'containerID': {'required': True,
                                                       'schema': {'type': 'str'},
@@ -131,7 +144,8 @@ SCHEMAS: dict[str, Any] = {'doctor': {'config': {'extra_fields_behavior': 'forbi
                            'strict': True,
                            'type': 'typed-dict'},
           'type': 'list'},
- 'sweep': {'config': {'extra_fields_behavior': 'forbid', 'strict': True},
+ 'sweep': {'cls_name': 'SweepReport',
+           'config': {'extra_fields_behavior': 'forbid', 'strict': True},
            'extra_behavior': 'forbid',
            'fields': {'applied': {'required': True, 'schema': {'type': 'bool'}, 'type': 'typed-dict-field'},
                       'attachments': {'required': True,
@@ -172,14 +186,16 @@ SCHEMAS: dict[str, Any] = {'doctor': {'config': {'extra_fields_behavior': 'forbi
                                   'type': 'typed-dict-field'}},
            'strict': True,
            'type': 'typed-dict'},
- 'undo': {'config': {'extra_fields_behavior': 'forbid', 'strict': True},
+ 'undo': {'cls_name': 'UndoReport',
+          'config': {'extra_fields_behavior': 'forbid', 'strict': True},
           'extra_behavior': 'forbid',
           'fields': {'cannotRestore': {'required': True,
                                        'schema': {'items_schema': {'type': 'str'}, 'type': 'list'},
                                        'type': 'typed-dict-field'},
                      'dryRun': {'required': True, 'schema': {'type': 'bool'}, 'type': 'typed-dict-field'},
                      'refused': {'required': True,
-                                 'schema': {'items_schema': {'config': {'extra_fields_behavior': 'forbid',
+                                 'schema': {'items_schema': {'cls_name': 'Refused',
+                                                             'config': {'extra_fields_behavior': 'forbid',
                                                                         'strict': True},
                                                              'extra_behavior': 'forbid',
                                                              'fields': {'item': {'required': True,
