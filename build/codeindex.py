@@ -8,7 +8,8 @@ once the bundle is built) copies their code, unchanged, out of the .pyc files Py
 file, cni-reaper.lib/CODE_INDEX, with a table of where each module's code is; `install` (build/entry.py, the
 bundle's first step) puts a finder in front of the path finder that serves those modules from it. The .pyc
 files stay where they are: whatever the index does not hold, or cannot give (an index of another Python, a
-damaged file), is imported from them as before. Modules keep their names, packages and `__file__`.
+damaged file), is imported from them as before. Modules keep their names, packages and `__file__`. What the
+index holds wins over a file beside it: a .pyc replaced in place is read once code.index is removed.
 
 Layout: MAGIC, a 4-byte little-endian length n, the 4 bytes of Python's magic number, then n bytes of marshal
 (version 4) of {name: (offset, size, is_package)}, then each module's body: its name, a NUL, and its code

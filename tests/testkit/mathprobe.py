@@ -159,4 +159,6 @@ def make_probe(bundle: Path, dest: Path) -> Path:
     pkg = dest / "cni-reaper.lib" / "cni_reaper"
     (pkg / "main.pyc").unlink()
     (pkg / "main.py").write_text(PROBE)
+    # the bundle's code index (build/codeindex.py) holds the real main: without it every module is its file's
+    (dest / "cni-reaper.lib" / "code.index").unlink()
     return dest / "cni-reaper"
