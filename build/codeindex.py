@@ -70,8 +70,11 @@ class CodeFinder:
     def exec_module(self, module: "ModuleType") -> None:
         code = self._code(module.__name__)
         if code is None:  # a damaged index, or one changed under this process: the module's own .pyc
-            with open(module.__file__ or "", "rb") as f:
-                code = marshal.loads(f.read()[HEADER:])
+            try:
+                with open(module.__file__ or "", "rb") as f:
+                    code = marshal.loads(f.read()[HEADER:])
+            except (OSError, ValueError, EOFError) as exc:  # as the path finder says a module it cannot load
+                raise ImportError(f"{module.__name__}: {exc}", name=module.__name__) from None
         exec(code, module.__dict__)
 
     def _code(self, name: str) -> "CodeType | None":

@@ -195,3 +195,22 @@ def test_a_table_length_past_the_file_is_refused(lib: Path) -> None:
     path.write_bytes(bytes(data))
     out = _probe(lib, "cni_reaper.a")
     assert out["installed"] is False and out["cni_reaper.a"]["value"] == 42
+
+
+def test_a_module_neither_the_index_nor_its_file_can_give_is_an_import_error(lib: Path) -> None:
+    """As without an index: code that imports an optional module (`except ImportError`) goes on."""
+    codeindex.write(str(lib), STDLIB)
+    path = lib / codeindex.CODE_INDEX
+    table = codeindex.read_table(str(path))
+    assert table is not None
+    offset, size, _ = table["cni_reaper.b"]
+    data = bytearray(path.read_bytes())
+    data[offset:offset + size] = b"\xff" * size
+    path.write_bytes(bytes(data))
+    (lib / "cni_reaper" / "b.pyc").unlink()
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import codeindex; sys.path.insert(0, sys.argv[2]); "
+             "codeindex.install(sys.argv[2])\ntry:\n    import cni_reaper.b\nexcept ImportError as e:\n"
+             "    print('ImportError', e.name)")
+    proc = subprocess.run([sys.executable, "-S", "-c", probe, str(BUILD), str(lib)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ImportError cni_reaper.b"
