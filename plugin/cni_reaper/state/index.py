@@ -492,6 +492,57 @@ class QuickView:
         self.groups, self.saved, self.void = groups, saved, void
 
 
+class IndexJournal:
+    """`.index-journal`: the changes since `.index` was written whole, one JSON line each, after a head line that
+    names the index they extend (its seal), so that they are applied to that index alone: not to one written by
+    a call cut before it removed the journal, nor to another release's beside it."""
+
+    def __init__(self, sd: SafeDir) -> None:
+        self.sd = sd
+        self.lines = 0  # its lines, the head included, as far as this call knows
+        self.seal: bytes | None = None  # the index on disk it extends (None: none of ours; nothing is journaled)
+        self.pending: list[bytes] = []  # lines of a batch of removals, written at flush()
+
+    def changes(self, seal: bytes) -> list[tuple[str, Entry | None]] | None:
+        """The changes written beside the index of `seal` (None: the journal cannot be used, and the index is
+        made anew from the records)."""
+        self.seal = seal
+        journal, _ = self.sd.read(JOURNAL_NAME, MAX_BYTES)
+        lines = (journal or b"").splitlines()
+        self.lines = len(lines)
+        if lines and lines[0] != _journal_head(seal):  # written beside another index: its lines may hold other fields
+            log.warn("index journal is not this index's; index made anew from the records")
+            return None
+        return _journal_changes(lines[1:])
+
+    def too_long(self, more: int = 0) -> bool:
+        return self.lines + more > JOURNAL_MAX
+
+    def append(self, lines: bytes, count: int) -> bool:
+        """`count` lines appended; False when the index is to be written whole instead (too long, or the append
+        failed). With no index of ours on disk, nothing is written (the next call makes the index anew)."""
+        if self.seal is None:
+            return True
+        if self.too_long(count):
+            return False
+        if self.lines == 0:  # a journal begins with the index it extends
+            lines, count = _journal_head(self.seal) + b"\n" + lines, count + 1
+        try:
+            self.sd.append(JOURNAL_NAME, lines)
+        except OSError:
+            return False
+        self.lines += count
+        return True
+
+    def emptied(self, seal: bytes) -> OSError | None:
+        """The journal removed once the index of `seal` is written whole (the error when it cannot be)."""
+        self.seal = seal
+        kept = self.sd.unlink_or_error(JOURNAL_NAME)
+        if kept is None:
+            self.lines = 0
+        return kept
+
+
 class Index:
     """The index of one state directory, valid while its lock is held. `inos` names every record file;
     `quick_view()` is what the quick judgement reads (evidence.live_at_path); `entries` makes every entry."""
@@ -512,12 +563,7 @@ class Index:
         self._flat: list[tuple[tuple, int, int, Runs, str, int]] = []
         self._cold: bytes | None = None
         self._changed: set[str] = set()
-        self._journal_lines = 0
-        # the seal of the index on disk this one extends (read or written by it): the journal's first line
-        # names it, so that lines are applied only to the index they were written beside (None: no index of
-        # ours is on disk; nothing is journaled then)
-        self._seal: bytes | None = None
-        self._pending: list[bytes] = []  # journal lines of a batch of removals, written at flush()
+        self.journal = IndexJournal(sd)
         self.others: list[str] | None = None  # load(): the directory's names that are no record files
 
     @property
@@ -569,7 +615,7 @@ class Index:
                 raw[n] = v
 
     def _unusable(self) -> None:
-        self._seal = None
+        self.journal.seal = None
         if not self.sd.read_only:
             try:
                 self.sd.unlink(INDEX_NAME)
@@ -591,7 +637,7 @@ class Index:
         if len(found) - len(self.others) != len(self.inos) or not self.inos.items() <= found.items():
             self._reset()
             return False
-        if self._journal_lines > JOURNAL_MAX:
+        if self.journal.too_long():
             self.write_whole()
         return True
 
@@ -608,15 +654,7 @@ class Index:
             log.warn("index unusable; made anew from the records", problem=f"an entry is not one ({type(exc).__name__})")
             return False
         assert data is not None
-        self._seal = sealed_by(data)
-        journal, _ = self.sd.read(JOURNAL_NAME, MAX_BYTES)
-        lines = (journal or b"").splitlines()
-        self._journal_lines = len(lines)
-        if lines and lines[0] != _journal_head(self._seal):  # written beside another index (another release's, or
-            # one whose write was cut before the journal went): its lines may hold other fields
-            log.warn("index journal is not this index's; index made anew from the records")
-            return False
-        changes = _journal_changes(lines[1:])
+        changes = self.journal.changes(sealed_by(data))
         for name, e in changes or []:
             self.put(name, e)
         return changes is not None
@@ -649,7 +687,7 @@ class Index:
         if write:
             self._append(line, 1)
         else:
-            self._pending.append(line)
+            self.journal.pending.append(line)
 
     def drop(self, name: str) -> None:
         """Forget a record that was moved aside (the next write of the index has it right)."""
@@ -658,22 +696,13 @@ class Index:
             self.write_whole()
 
     def flush(self) -> None:
-        if self._pending:
-            self._append(b"".join(self._pending), len(self._pending))
-        self._pending = []
+        pending = self.journal.pending
+        if pending:
+            self._append(b"".join(pending), len(pending))
+        self.journal.pending = []
 
     def _append(self, lines: bytes, count: int) -> None:
-        if self._seal is None:  # no index of ours on disk to extend: the next call makes it anew
-            return
-        if self._journal_lines + count > JOURNAL_MAX:
-            self.write_whole()
-            return
-        if self._journal_lines == 0:  # a journal begins with the index it extends
-            lines, count = _journal_head(self._seal) + b"\n" + lines, count + 1
-        try:
-            self.sd.append(JOURNAL_NAME, lines)
-            self._journal_lines += count
-        except OSError:
+        if not self.journal.append(lines, count):
             self.write_whole()
 
     def write_whole(self) -> None:
@@ -691,9 +720,7 @@ class Index:
         except OSError:  # the index on disk is not this one (another's, or stale): the next call makes it anew
             self._unusable()
             return
-        self._seal = sealed_by(data)
-        kept = self.sd.unlink_or_error(JOURNAL_NAME)
+        kept = self.journal.emptied(sealed_by(data))
         if kept is not None:  # something not ours holds the journal's name: the index is made anew by each call
             log.warn("index journal cannot be replaced", problem=kept.strerror, fix=f"remove {self.sd.root}/{JOURNAL_NAME}")
-            return self._unusable()
-        self._journal_lines = 0
+            self._unusable()
