@@ -112,15 +112,20 @@ def test_an_index_that_cannot_be_read_changes_nothing(lib: Path, damage: str) ->
     assert out["cni_reaper.sub.c"]["loader"] == "SourcelessFileLoader" and out["cni_reaper.sub.c"]["value"] == 84
 
 
-def test_a_damaged_module_in_the_index_is_imported_from_its_file(lib: Path) -> None:
+def _damage_body(lib: Path, name: str) -> None:
+    """An index of `lib` whose body of module `name` is no marshal data."""
     codeindex.write(str(lib), STDLIB)
     path = lib / codeindex.CODE_INDEX
     table = codeindex.read_table(str(path))
     assert table is not None
-    offset, size, _ = table["cni_reaper.b"]
+    offset, size, _ = table[name]
     data = bytearray(path.read_bytes())
-    data[offset:offset + size] = b"\xff" * size  # not marshal data
+    data[offset:offset + size] = b"\xff" * size
     path.write_bytes(bytes(data))
+
+
+def test_a_damaged_module_in_the_index_is_imported_from_its_file(lib: Path) -> None:
+    _damage_body(lib, "cni_reaper.b")
     out = _probe(lib, "cni_reaper.a")
     assert out["cni_reaper.a"]["value"] == 42 and out["cni_reaper.a"]["loader"] == "CodeFinder"
 
@@ -199,14 +204,7 @@ def test_a_table_length_past_the_file_is_refused(lib: Path) -> None:
 
 def test_a_module_neither_the_index_nor_its_file_can_give_is_an_import_error(lib: Path) -> None:
     """As without an index: code that imports an optional module (`except ImportError`) goes on."""
-    codeindex.write(str(lib), STDLIB)
-    path = lib / codeindex.CODE_INDEX
-    table = codeindex.read_table(str(path))
-    assert table is not None
-    offset, size, _ = table["cni_reaper.b"]
-    data = bytearray(path.read_bytes())
-    data[offset:offset + size] = b"\xff" * size
-    path.write_bytes(bytes(data))
+    _damage_body(lib, "cni_reaper.b")
     (lib / "cni_reaper" / "b.pyc").unlink()
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import codeindex; sys.path.insert(0, sys.argv[2]); "
              "codeindex.install(sys.argv[2])\ntry:\n    import cni_reaper.b\nexcept ImportError as e:\n"

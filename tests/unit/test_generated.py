@@ -142,7 +142,7 @@ def test_the_generated_output_checks_accept_exactly_what_the_models_accept():
 
     from cni_reaper.errors import CniError
     from cni_reaper.tools.output import OUTPUTS
-    from cni_reaper.tools.output_checks import checked
+    from cni_reaper.tools.printed import checked
 
     assert set(OUTPUT_SAMPLES) == set(OUTPUTS)
     tried = refused = 0

@@ -61,12 +61,8 @@ def _entries_as_read(root: str) -> dict[str, list]:
 
 
 def _keys_as_read(root: str) -> dict[str, tuple]:
-    s = Store(root).open()
-    try:
-        with s.locked():
-            return {n: tuple(e.key) for n, e in s.entries().items()}
-    finally:
-        s.close()
+    """The key (network, container ID, ifname) of each entry a call of this release reads."""
+    return {n: (v[ix.AT["network"]], v[ix.AT["cid"]], v[ix.AT["ifname"]]) for n, v in _entries_as_read(root).items()}
 
 
 def _keys_of_records(root: str) -> dict[str, tuple]:
@@ -410,7 +406,7 @@ def test_held_generated_schemas_accept_what_the_models_accept_on_odd_values():
     from pydantic import TypeAdapter
 
     from cni_reaper.tools.output import OUTPUTS
-    from cni_reaper.tools.output_checks import checked
+    from cni_reaper.tools.printed import checked
 
     class S(str):
         pass

@@ -2,36 +2,15 @@
 
 The core schema of each command's `--json` document (tools/output.OUTPUTS), as plain data: pydantic's own,
 its models made typed dicts of the same fields, strictness and extra keys (a model's class cannot be written
-down). `checked` runs it with pydantic-core's validator: a command that prints a document loads pydantic-core
-alone (pydantic, its models and the building of their schemas cost about 70 ms of a bundle's start).
-tests/unit/test_generated.py holds it fresh and holds it to the models: what one accepts the other does."""
+down). tools/printed.py checks a document with it, by pydantic-core alone (pydantic, its models and the
+building of their schemas cost about 70 ms of a bundle's start). tests/unit/test_generated.py holds it fresh
+and holds it to the models: what one accepts the other does."""
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-_VALIDATORS: dict[str, Any] = {}
-
-
-def checked(name: str, document: Any) -> Any:
-    """`document`, checked against its published schema; a CniError that says where it departs from it."""
-    from pydantic_core import SchemaValidator, ValidationError
-
-    if name not in _VALIDATORS:
-        _VALIDATORS[name] = SchemaValidator(SCHEMAS[name])
-    try:
-        _VALIDATORS[name].validate_python(document)
-    except ValidationError as exc:
-        from cni_reaper.errors import INTERNAL, CniError
-
-        first = exc.errors()[0]
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
-        raise CniError(INTERNAL, f"the `{name} --json` document does not follow its published schema "
-                       f"(docs/schemas/{name}.schema.json)", f"{where or 'the document'}: {first['msg']}; the state "
-                       "or journal holds what no cni-reaper writes: the command without --json shows it") from None
-    return document
 
 SCHEMAS: dict[str, Any] = {'doctor': {'cls_name': 'DoctorReport',
             'config': {'extra_fields_behavior': 'forbid', 'strict': True},
