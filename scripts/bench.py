@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -181,6 +182,10 @@ def bench_verbs(flavour: str, pairs: int, driver: str, release: tuple[str, Path]
             plant(sb, tmp, 1000, live_netns=live, state="state-1000")
             (tmp / "state").mkdir()
             (tmp / "state-release").mkdir()
+            if release is not None:  # the same 1,000 records for the release (its own index, made by its first call)
+                shutil.copytree(tmp / "state-1000", tmp / "state-1000-release", symlinks=True)
+                for p in (tmp / "state-1000-release").glob(".index*"):
+                    p.unlink()
             stages: list[dict] = []
 
             def reaper_add(i):
@@ -199,6 +204,10 @@ def bench_verbs(flavour: str, pairs: int, driver: str, release: tuple[str, Path]
             if release is not None:
                 calls[f"{release[0]} ADD"] = lambda i: run(release[1], cni_env("ADD", f"rel-{i}", live),
                                                            conf(tmp, ip_of(5000 + i), 34000 + i, netns=live, state="state-release"))
+                calls[f"{release[0]} ADD, 1,000 live records"] = lambda i: run(
+                    release[1], cni_env("ADD", f"relbig-{i}", live),
+                    conf(tmp, ip_of(6000 + i), 35000 + i, netns=live, state="state-1000-release"))
+                calls[f"{release[0]} ADD, 1,000 live records"](pairs)  # its index made outside the rounds
             adds = interleaved(pairs, calls)
             calls = {
                 "cni-reaper DEL, nothing stale": lambda i: run(BINARY, cni_env("DEL", f"alloc-{i}", live),
@@ -211,6 +220,9 @@ def bench_verbs(flavour: str, pairs: int, driver: str, release: tuple[str, Path]
                 calls[f"{release[0]} DEL, nothing stale"] = lambda i: run(
                     release[1], cni_env("DEL", f"rel-{i}", live),
                     conf(tmp, ip_of(5000 + i), 34000 + i, netns=live, state="state-release"))
+                calls[f"{release[0]} DEL, 1,000 live records"] = lambda i: run(
+                    release[1], cni_env("DEL", f"relbig-{i}", live),
+                    conf(tmp, ip_of(6000 + i), 35000 + i, netns=live, state="state-1000-release"))
             dels = interleaved(pairs, calls)
             listed = bench_list(run, tmp / "state-1000", live, release, max(5, pairs // 3))
             scale = bench_scale(run, tmp, live, 3 * pairs)
@@ -282,8 +294,12 @@ def _against_release(samples: dict[str, list[dict]], version: str | None) -> dic
     if version is None:
         return {}
     out = {}
-    for verb, mine in (("ADD", "cni-reaper ADD"), ("DEL nothing stale", "cni-reaper DEL, nothing stale")):
-        theirs = samples[f"{version} ADD" if verb == "ADD" else f"{version} DEL, nothing stale"]
+    for verb, mine, theirs_name in (
+            ("ADD", "cni-reaper ADD", f"{version} ADD"),
+            ("DEL nothing stale", "cni-reaper DEL, nothing stale", f"{version} DEL, nothing stale"),
+            ("ADD with 1,000 live records", "cni-reaper ADD, 1,000 live records", f"{version} ADD, 1,000 live records"),
+            ("DEL with 1,000 live records", "cni-reaper DEL, 1,000 live records", f"{version} DEL, 1,000 live records")):
+        theirs = samples[theirs_name]
         out[f"{verb} / {version} {verb}"] = round(statistics.median(a["s"] / b["s"] for a, b in zip(samples[mine], theirs)), 3)
     return out
 
