@@ -81,6 +81,7 @@ def _damage_index(state, count: int = 3) -> None:
         os.chmod(state / name, 0o600)
         hot["names"].append(name)
         hot["inos"].append(os.stat(state / name).st_ino)
+        hot["attached"].append(f"x-{i}-eth0")
         hot["raw"].append([0])
     (state / ".index").write_bytes(index.seal(jsonio.dumps(hot).encode(), second[4:]))
     assert isinstance(index.decode((state / ".index").read_bytes()), tuple)

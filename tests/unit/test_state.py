@@ -703,3 +703,45 @@ def test_a_state_dir_writable_by_others_is_refused_never_tightened(tmp_path):
     assert stat.S_IMODE(state.stat().st_mode) == 0o777
     rc, out = invoke("STATUS", conf(state, "1.1.0", prev=None))
     assert rc == 1 and out["code"] == 50 and "writable by its group or others" in out["msg"]
+
+
+def test_the_index_names_every_records_attachment_without_making_an_entry(tmp_path):
+    """An ADD that maps host ports asks whether libcni caches an attachment with no record (reap/cache
+    .unrecorded): the index gives libcni's name of every record's attachment from its first part and the
+    entries changed since (journal lines, removals), as the directory holds them, without making one entry or
+    reading its second part (1,000 entries made cost that ADD ~5 ms)."""
+    from cni_reaper.state.index import JOURNAL_MAX
+    from cni_reaper.state.names import attachment_name
+    from cni_reaper.state.store import Store
+
+    state = tmp_path / "s"
+    _live_records(state, JOURNAL_MAX + 20)  # the index written whole once, then journal lines
+    assert invoke("DEL", conf(state), cid="live-7")[0] == 0  # a tombstone: a changed entry
+    with Store.session(str(state), 5) as store:  # removed: one of the first part, one of the journal
+        for i in (3, JOURNAL_MAX + 5):
+            store.remove("nomad-reaper", f"live-{i}", "eth0")
+    assert (state / ".index-journal").exists()
+    with Store.session(str(state), 5) as store:
+        got = store.attached()
+        assert store.index is not None and store.index._cold is not None, "the second part was read"
+        made = set(store.index._made)
+        expected = {attachment_name(*store.load_named(n).key) for n in store.names()}
+    assert got == expected and len(got) == JOURNAL_MAX + 18
+    assert "nomad-reaper-live-3-eth0" not in got and "nomad-reaper-live-7-eth0" in got
+    assert len(made) < 25, "entries were made for the answer"
+
+
+def test_an_adds_look_for_unrecorded_attachments_asks_the_records_only_when_libcni_caches_something(tmp_path):
+    from cni_reaper.reap.cache import unrecorded
+
+    def never() -> set[str]:
+        raise AssertionError("the records were asked with nothing cached")
+
+    assert unrecorded(str(tmp_path / "none"), never) is False  # no cache directory
+    results = tmp_path / "cache" / "results"
+    results.mkdir(parents=True)
+    (results / ".tmp-write").write_text("")  # libcni's temporary files are no attachments
+    assert unrecorded(str(tmp_path / "cache"), never) is False
+    (results / "nomad-alloc-1-eth0").write_text("{}")
+    assert unrecorded(str(tmp_path / "cache"), lambda: {"nomad-alloc-1-eth0"}) is False
+    assert unrecorded(str(tmp_path / "cache"), lambda: {"nomad-alloc-2-eth0"}) is True

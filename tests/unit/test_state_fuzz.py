@@ -75,6 +75,7 @@ def _hot(**kw) -> bytes:
 
     doc = {"fields": NAMED, "names": [], "inos": [], "quick": [], "raw": [], "hosts": [["b", "m", 1, 1]],
            "dirs": [[1, 2, []]], **kw}
+    doc.setdefault("attached", ["n-c-eth0"] * len(doc["names"]))
     return json.dumps(doc).encode()
 
 
@@ -88,6 +89,8 @@ INDEXES = [None, b"", b"{}", b'{"version": 4, "entries": {"r-x.json": [1]}}', b"
            _sealed(_hot(names=["r-x.json"], inos=["1"], raw=[_ENTRY])),
            _sealed(_hot(names=["r-x.json", "r-x.json"], inos=[1, 1], raw=[_ENTRY, _ENTRY])),  # twice
            _sealed(_hot(names=["r-x.json"], inos=[1], raw=[_ENTRY[:6] + [5, 7] + _ENTRY[8:]])),  # past the tables
+           _sealed(_hot(names=["r-x.json"], inos=[1], attached=[], raw=[_ENTRY])),  # an attachment name short
+           _sealed(_hot(names=["r-x.json"], inos=[1], attached=[7], raw=[_ENTRY])),  # not a name
            _sealed(_hot(names=["r-x.json"], inos=[1], raw=[[None] * 16])),
            _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK]), json.dumps([_ENTRY]).encode()),  # no such record
            _sealed(_hot(names=["r-x.json"], inos=[1], quick=[_QUICK]), b"[[1,"),  # its second part cut

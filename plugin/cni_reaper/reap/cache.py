@@ -17,13 +17,13 @@ import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable
     from typing import Any
 
-    from cni_reaper.values import Key
 
 from cni_reaper import jsonio
 from cni_reaper.files import open_regular
+from cni_reaper.state.names import attachment_name
 
 MAX_ENTRY_BYTES = 1 << 20
 RESULTS = "results"
@@ -33,20 +33,19 @@ def results_dir(cache_dir: str) -> str:
     return os.path.join(cache_dir, RESULTS)
 
 
-def entry_name(network: str, container_id: str, ifname: str) -> str:
-    return f"{network}-{container_id}-{ifname}"
-
-
-def unrecorded(cache_dir: str, recorded: Iterable[Key]) -> bool:
-    """Whether libcni caches an attachment that has none of the `recorded` keys (one listing of the results
-    directory, no entry read): a cheap sign that an allocation cni-reaper never recorded may map a host port.
-    A directory that cannot be listed says no (the look after the answer still runs)."""
+def unrecorded(cache_dir: str, recorded: Callable[[], set[str]]) -> bool:
+    """Whether libcni caches an attachment that has no record (one listing of the results directory, no entry
+    read; `recorded`: the records' attachment names, asked only when something is cached): a cheap sign that
+    an allocation cni-reaper never recorded may map a host port. A directory that cannot be listed says no
+    (the look after the answer still runs)."""
     try:
-        names = os.listdir(results_dir(cache_dir))
+        names = [n for n in os.listdir(results_dir(cache_dir)) if not n.startswith(".")]
     except OSError:
         return False
-    known = {entry_name(*k) for k in recorded}
-    return any(n not in known for n in names if not n.startswith("."))
+    if not names:
+        return False
+    known = recorded()
+    return any(n not in known for n in names)
 
 
 def view(cache_dir: str) -> str | None:
@@ -64,7 +63,7 @@ def view(cache_dir: str) -> str | None:
 
 def exists(cache_dir: str, network: str, container_id: str, ifname: str) -> bool | None:
     """Whether libcni caches this attachment; None when its cache cannot be seen."""
-    path = os.path.join(results_dir(cache_dir), entry_name(network, container_id, ifname))
+    path = os.path.join(results_dir(cache_dir), attachment_name(network, container_id, ifname))
     try:
         os.lstat(path)
         return True
@@ -219,7 +218,7 @@ class Results:
         addresses: what forget() must rewrite. None when its own entry is there and cannot be read (too
         large, not a plain file, not JSON): it may name them, so its addresses must not be released."""
         found = self.read(network, container_id)
-        own = entry_name(network, container_id, ifname) if ifname else None
+        own = attachment_name(network, container_id, ifname) if ifname else None
         if any(e is None and n == own for n, e in found):
             return None
         return [e for _, e in found if e is not None and _of(e, network, container_id)

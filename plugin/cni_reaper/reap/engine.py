@@ -131,8 +131,9 @@ def await_lingering(v: View) -> bool:
     return wait_for_them(v)
 
 
-def cached_unrecorded(cache_dir: str, recorded: Iterable[Key]) -> bool:
-    """An ADD's cheap look for leaks: whether libcni caches an attachment that has no record (reap/cache)."""
+def cached_unrecorded(cache_dir: str, recorded: Callable[[], set[str]]) -> bool:
+    """An ADD's cheap look for leaks: whether libcni caches an attachment that has no record (`recorded`: the
+    records' attachment names, state/names.attachment_name; asked only when something is cached; reap/cache)."""
     from cni_reaper.reap.cache import unrecorded
 
     return unrecorded(cache_dir, recorded)

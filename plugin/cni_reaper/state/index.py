@@ -46,15 +46,15 @@ if TYPE_CHECKING:
     Runs = tuple[list[tuple[str, int]], list[str]]
 
 from cni_reaper import jsonio, log
-from cni_reaper.state.names import all_record_names, is_record_name, others_in
+from cni_reaper.state.names import all_record_names, attachment_name, is_record_name, others_in
 from cni_reaper.state.record import SCHEMA, DirId, HostId, NetnsId, Veth, parse_time
 from cni_reaper.values import Key
 
 INDEX_NAME = ".index"
 JOURNAL_NAME = ".index-journal"
 JOURNAL_MAX = 64  # lines, before the index is written whole again
-VERSION = 9
-MAGIC = b"cni-reaper index 9\n"
+VERSION = 10
+MAGIC = b"cni-reaper index 10\n"
 HEAD = len(MAGIC) + 12  # the magic line, the length of the first part, the CRC-32 of each part
 MAX_BYTES = 64 << 20
 
@@ -215,8 +215,10 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
                       digest(ints)])
     cold = [body[n] for n in names]
     names += others
-    hot = {"fields": NAMED, "names": names, "inos": [body[n][AT["ino"]] for n in names], "quick": quick,
-           "raw": [body[n] for n in others], "hosts": hosts, "dirs": dirs}
+    net, cid, ifname = AT["network"], AT["cid"], AT["ifname"]
+    hot = {"fields": NAMED, "names": names, "inos": [body[n][AT["ino"]] for n in names],
+           "attached": [attachment_name(body[n][net], body[n][cid], body[n][ifname]) for n in names],
+           "quick": quick, "raw": [body[n] for n in others], "hosts": hosts, "dirs": dirs}
     return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
 
 
@@ -287,11 +289,14 @@ def decode(data: bytes) -> tuple[dict[str, Any], bytes] | str | None:
         hot = jsonio.loads(data[HEAD:end])
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         return f"it does not parse: {str(exc)[:100]}"
-    if not (type(hot) is dict and all(type(hot.get(k)) is list for k in ("names", "inos", "quick", "raw", "hosts", "dirs"))):
+    if not (type(hot) is dict and all(type(hot.get(k)) is list for k in _PARTS)):
         return "it holds no entries"
     if hot.get("fields") != NAMED:  # its entries hold other fields (another release's): made anew, as of another version
         return None
     return hot, data[m + 8:m + 12] + data[end:]
+
+
+_PARTS = ("names", "inos", "attached", "quick", "raw", "hosts", "dirs")
 
 
 def second_part(sealed: bytes) -> Any:
@@ -324,8 +329,9 @@ def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tup
     the first part of `.index`, its shape checked (ValueError, TypeError, IndexError when it is not one)."""
     names, inos, raw = hot["names"], hot["inos"], hot["raw"]
     by_name = dict(zip(names, inos))  # inodes of another type never equal the directory's (Index.load)
-    if len(by_name) != len(names) or len(inos) != len(names):
-        raise ValueError("a name twice, or a name without an inode")
+    if len(by_name) != len(names) or len(inos) != len(names) or len(hot["attached"]) != len(names):
+        raise ValueError("a name twice, or a name without an inode or an attachment")
+    "".join(hot["attached"])  # a TypeError for what is no string
     if not all_record_names(names):  # what Index.load takes for the directory's other files depends on it
         raise ValueError("a name that is no record file's")
     flat, at = [], 0
@@ -560,6 +566,7 @@ class Index:
         # by host (host, start, end, netns paths as runs, dev/ino/ctime triples), the quick entries' compact lists
         # (its second part, parsed when one is asked for), the names changed since (whose flat lists are void)
         self._names: list[str] = []
+        self._attached: list[str] = []  # libcni's name of each of `_names`' attachments (Index.attached)
         self._flat: list[tuple[tuple, int, int, Runs, str, int]] = []
         self._cold: bytes | None = None
         self._changed: set[str] = set()
@@ -572,6 +579,15 @@ class Index:
         self._read_cold()
         self._make(list(self._raw))
         return self._made
+
+    def attached(self) -> set[str]:
+        """libcni's names of every record's attachment (state/names.attachment_name), from the first part
+        and the entries changed since it was written: no entry is made, the second part is not read (an ADD
+        that maps host ports asks it when libcni caches anything; making 1,000 entries costs ~5 ms)."""
+        changed, made = self._changed, self._made
+        out = {a for n, a in zip(self._names, self._attached) if n not in changed}
+        out.update(attachment_name(*made[n].key) for n in changed if n in made)
+        return out
 
     def entries_but(self, names: set[str]) -> dict[str, Entry]:
         """The entries of every record file but `names`."""
@@ -624,7 +640,7 @@ class Index:
 
     def _reset(self) -> None:
         self.inos, self.quick, self._raw, self._made = {}, {}, {}, {}
-        self._names, self._flat, self._cold, self._changed = [], [], None, set()
+        self._names, self._attached, self._flat, self._cold, self._changed = [], [], [], None, set()
 
     def load(self, found: dict[str, int]) -> bool:
         """Take the index on disk if it agrees with `found` (the directory's entries: name -> inode); False when
@@ -661,6 +677,7 @@ class Index:
 
     def _take(self, hot: dict[str, Any], cold: bytes) -> None:
         self.inos, self._names, self._flat, self._raw = first_part(hot)
+        self._attached = hot["attached"]
         self._cold, self._hosts, self._dirs = cold, hot["hosts"], hot["dirs"]
 
     def put(self, name: str, entry: Entry | None) -> None:

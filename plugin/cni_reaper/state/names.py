@@ -24,6 +24,11 @@ def record_name(network: str, container_id: str, ifname: str) -> str:
     return f"{RECORD_PREFIX}{digest}{RECORD_SUFFIX}"
 
 
+def attachment_name(network: str, container_id: str, ifname: str) -> str:
+    """libcni's name of an attachment: its cache entry's file name (`<cacheDir>/results/<this>`)."""
+    return f"{network}-{container_id}-{ifname}"
+
+
 def is_record_name(name: str) -> bool:
     return name.startswith(RECORD_PREFIX) and name.endswith(RECORD_SUFFIX)
 

@@ -178,6 +178,11 @@ class Store:
             self.index = self._index_from_records(Index(self.dir), self.dir.scan())
             return self.index.entries_but(but) if but else self.index.entries
 
+    def attached(self) -> set[str]:
+        """libcni's names of every record's attachment (Index.attached; the caller holds the lock)."""
+        assert self.index is not None, "the index is valid only under the state lock"
+        return self.index.attached()
+
     def quick(self) -> QuickView:
         """What the quick judgement reads of the entries it can judge (Index.quick_view)."""
         assert self.index is not None, "the index is valid only under the state lock"
