@@ -2,10 +2,11 @@
 record file. They are the source of truth for what cni-reaper accepts and writes.
 
 The verbs do not import pydantic (loading pydantic-core's extension alone costs ≈ 35 ms here, most of an
-ADD's budget): conf.py, result.py and record.py implement the same rules in plain Python, and
-tests/unit/test_schema.py checks with generated documents that both sides accept and refuse the same
-inputs and produce the same values, and that every record the verbs write validates against `Record`.
-The CLI and the tests use these models directly.
+ADD's budget): scripts/generate.py makes from these models the record's checks and field tables
+(state/record_checks.py) and the key tables of the plain readers of the conflist entry, prevResult and the
+settings file (regions of cni/conf.py, cni/result.py, cni/settings_file.py: go_tables); the values' rules of
+conf.py and result.py are held to the models by tests/unit/test_schema.py on generated documents. The CLI
+and the tests use these models directly (doctor checks the settings file with SettingsFile).
 """
 
 from __future__ import annotations
@@ -34,20 +35,9 @@ from cni_reaper.cni.conf import (
     DEFAULT_STATE_DIR,
     MAX_LOCK_TIMEOUT,
     MAX_PATH,
-    PORT_FIELDS,
-    RUNTIME_FIELDS,
-    TOP_FIELDS,
-    TOP_RESETTABLE,
 )
-from cni_reaper.cni.result import (
-    IFACE_FIELDS,
-    IP_FIELDS,
-    IP_RESETTABLE,
-    OLD_IP_FIELDS,
-    OLD_VERSIONS,
-    RESULT_FIELDS,
-    RESULT_RESETTABLE,
-)
+from cni_reaper.cni.result import OLD_VERSIONS
+from cni_reaper.cni.settings_file import DEFAULT_WRAP_TIMEOUT, MAX_WRAP_TIMEOUT
 from cni_reaper.gojson import pick
 from cni_reaper.state.record import (
     HELD_MAX_TRIES,
@@ -78,13 +68,48 @@ def _ip(text: str) -> Union[ipaddress.IPv4Address, ipaddress.IPv6Address]:
     return ipaddress.ip_address(text)
 
 
+GO_POINTER = {"goPointer": True}  # a field's json_schema_extra: a pointer (or net.IP, a slice) in the Go struct
+
+
+def pointer(default: Any = None) -> Any:
+    """A field a Go struct holds as a pointer (or a slice that is no list here, as net.IP): a later null resets
+    it, as it resets a list or a map."""
+    return Field(default, json_schema_extra={"goPointer": True})
+
+
+def go_tables(model: type[BaseModel]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(its fields, those a later null resets: lists, maps and pointers) of a model of a Go struct, as
+    gojson.pick takes them. The plain readers' tables (cni/conf.py, cni/result.py, cni/settings_file.py) are
+    generated from them (scripts/generate.py)."""
+    fields = tuple(f.alias or n for n, f in model.model_fields.items())
+    resettable = tuple(f.alias or n for n, f in model.model_fields.items()
+                       if f.json_schema_extra == GO_POINTER or _origin(f.annotation) in (list, dict))
+    return fields, resettable
+
+
+def _origin(annotation: Any) -> Any:
+    """list or dict for List[...]/Dict[...], also under Optional; else whatever typing says."""
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is Union and len(args) == 1:
+        annotation = args[0]
+    return typing.get_origin(annotation)
+
+
 class GoStruct(BaseModel):
     """A model of an object the reference plugins decode into a Go struct: before validation, its keys are
     matched to the fields as Go's encoding/json matches them (gojson.pick). `go_fields` names the fields,
-    `go_resettable` those of slice, map or pointer type (a later null resets them)."""
+    `go_resettable` those of slice, map or pointer type (a later null resets them): both read off the model's
+    own fields (go_tables)."""
 
     go_fields: ClassVar[Tuple[str, ...]] = ()
     go_resettable: ClassVar[Tuple[str, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.go_fields, cls.go_resettable = go_tables(cls)
 
     @model_validator(mode="before")
     @classmethod
@@ -102,8 +127,6 @@ class PortMapping(GoStruct):
     containerPort: int = Field(ge=1, le=65535)
     protocol: Literal["tcp", "udp", "sctp"] = "tcp"
     hostIP: str = ""
-
-    go_fields = PORT_FIELDS
 
     @field_validator("protocol", mode="before")
     @classmethod
@@ -138,8 +161,6 @@ class RuntimeConfig(GoStruct):
 
     portMappings: List[PortMapping] = Field(default_factory=list)
 
-    go_fields = go_resettable = RUNTIME_FIELDS
-
     @field_validator("portMappings", mode="wrap")
     @classmethod
     def _entries(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> List[PortMapping]:
@@ -158,17 +179,12 @@ def _fallback(default: Any):
     return classmethod(wrap)
 
 
-class PluginConf(GoStruct):
-    """The configuration a runtime hands this plugin on stdin (one entry of the conflist, completed by libcni).
-    Keys are decoded as Go decodes them; cni-reaper's own keys fall back to their defaults when unusable,
-    except `name` and `stateDir` (see conf.py)."""
+class ReaperKeys(GoStruct):
+    """cni-reaper's own keys: of its conflist entry (PluginConf), and of the settings file of wrapped networks,
+    at its top level and per network (SettingsFile). Decoded as Go decodes a struct's keys."""
 
     model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
-    cniVersion: Optional[str] = None
-    cniVersions: Optional[List[str]] = None
-    name: str = Field(min_length=1)
-    type: str = ""
     stateDir: str = DEFAULT_STATE_DIR
     ipamDataDir: str = DEFAULT_IPAM_DATA_DIR
     cniCacheDir: str = DEFAULT_CNI_CACHE_DIR
@@ -176,11 +192,6 @@ class PluginConf(GoStruct):
     lockTimeout: float = Field(default=DEFAULT_LOCK_TIMEOUT, ge=0, le=MAX_LOCK_TIMEOUT, allow_inf_nan=False)
     logFile: str = DEFAULT_LOG_FILE
     mode: Literal["clean", "observe"] = "clean"
-    prevResult: Optional[Dict[str, Any]] = None
-    runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    capabilities: Optional[Dict[str, Any]] = None
-
-    go_fields, go_resettable = TOP_FIELDS, TOP_RESETTABLE
 
     @field_validator("stateDir", "ipamDataDir", "cniCacheDir")
     @classmethod
@@ -206,6 +217,31 @@ class PluginConf(GoStruct):
     @classmethod
     def _zero_is_default(cls, v: float) -> float:
         return v or DEFAULT_LOCK_TIMEOUT
+
+
+class SettingsFile(ReaperKeys):
+    """The settings file of wrapped networks (cni/settings_file.py; /etc/cni-reaper/config.json): cni-reaper's own
+    keys at its top level and per network, where a bare run looks for the real plugins, and how long its own
+    work may take in one wrapped call. Read on every wrapped call by the plain reader generated from it; checked
+    whole by `cni-reaper doctor`."""
+
+    cniPath: Optional[str] = None
+    wrapTimeout: float = Field(default=DEFAULT_WRAP_TIMEOUT, gt=0, le=MAX_WRAP_TIMEOUT, allow_inf_nan=False)
+    networks: Dict[str, ReaperKeys] = Field(default_factory=dict)
+
+
+class PluginConf(ReaperKeys):
+    """The configuration a runtime hands this plugin on stdin (one entry of the conflist, completed by libcni).
+    Keys are decoded as Go decodes them; cni-reaper's own keys fall back to their defaults when unusable,
+    except `name` and `stateDir` (see conf.py)."""
+
+    cniVersion: Optional[str] = None
+    cniVersions: Optional[List[str]] = None
+    name: str = Field(min_length=1)
+    type: str = ""
+    prevResult: Optional[Dict[str, Any]] = None
+    runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    capabilities: Optional[Dict[str, Any]] = None
 
     # defined last, so that each wraps every other validator of its field
     _type = field_validator("type", mode="wrap")(_fallback(""))
@@ -240,7 +276,7 @@ def _go_cidr(text: str) -> Union[ipaddress.IPv4Interface, ipaddress.IPv6Interfac
 class _IPConfig(GoStruct):
     model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
-    gateway: Optional[str] = None
+    gateway: Optional[str] = pointer()  # net.IP: a slice
 
     @field_validator("gateway")
     @classmethod
@@ -255,9 +291,7 @@ class ResultIP(_IPConfig):
 
     address: Optional[str] = None
     version: Optional[str] = None
-    interface: Optional[int] = None
-
-    go_fields, go_resettable = IP_FIELDS, IP_RESETTABLE
+    interface: Optional[int] = pointer()
 
     @field_validator("address")
     @classmethod
@@ -271,8 +305,6 @@ class OldIPConfig(_IPConfig):
     """`ip4` / `ip6` of a 0.1.0 or 0.2.0 result."""
 
     ip: Optional[str] = None
-
-    go_fields = OLD_IP_FIELDS
 
     @field_validator("ip")
     @classmethod
@@ -292,8 +324,6 @@ class ResultInterface(GoStruct):
     socketPath: str = ""
     pciID: str = ""
 
-    go_fields = IFACE_FIELDS
-
 
 class PrevResult(GoStruct):
     """The parts of a CNI result (0.1.0 to 1.1.0) this plugin reads; everything else is passed through untouched.
@@ -304,15 +334,13 @@ class PrevResult(GoStruct):
     cniVersion: Optional[str] = None
     interfaces: Optional[List[Optional[ResultInterface]]] = None
     ips: Optional[List[Optional[ResultIP]]] = None
-    ip4: Optional[OldIPConfig] = None
-    ip6: Optional[OldIPConfig] = None
-
-    go_fields, go_resettable = RESULT_FIELDS, RESULT_RESETTABLE
+    ip4: Optional[OldIPConfig] = pointer()
+    ip6: Optional[OldIPConfig] = pointer()
 
     @classmethod
     def parse(cls, raw: Dict[str, Any], config_version: str) -> PrevResult:
         """Validate the parts that the result's version (or, when it names none, the config's) says are read."""
-        decoded = pick(raw, RESULT_FIELDS, RESULT_RESETTABLE)
+        decoded = pick(raw, cls.go_fields, cls.go_resettable)
         version = decoded.get("cniVersion") or config_version
         old = isinstance(version, str) and version in OLD_VERSIONS
         drop = ("interfaces", "ips") if old else ("ip4", "ip6")

@@ -164,3 +164,33 @@ def test_the_generated_output_checks_accept_exactly_what_the_models_accept():
             tried += 1
             refused += not by_model
     assert tried > 500 and 0 < refused < tried
+
+
+def test_the_plain_readers_tables_of_go_structs_are_the_models_fields(monkeypatch):
+    """The conflist entry's, prevResult's and the settings file's plain readers (cni/conf.py, cni/result.py,
+    cni/settings_file.py) pick keys by tables generated from the models (models.go_tables): each table is its
+    model's fields, and a field added to a model (here one of cni-reaper's own keys, which the conflist entry
+    and the settings file share) is a field of every reader's table once generated again, and stale before."""
+    from pydantic import create_model
+
+    from cni_reaper import models
+    from cni_reaper.cni import conf, result, settings_file
+
+    generate = _generator()
+    for module, tables in generate.TABLES:
+        mod = {"conf.py": conf, "result.py": result, "settings_file.py": settings_file}[module.name]
+        for prefix, name in tables:
+            fields, resettable = models.go_tables(getattr(models, name))
+            assert getattr(mod, f"{prefix}_FIELDS") == fields
+            assert getattr(mod, f"{prefix}_RESETTABLE", ()) == resettable
+    assert models.go_tables(models.ResultIP)[1] == ("gateway", "interface")  # pointers, marked in the model
+    assert models.go_tables(models.PluginConf)[1] == ("cniVersions", "prevResult", "capabilities")  # lists, maps
+    conf_py, settings_py = (next(m for m, _ in generate.TABLES if m.name == n) for n in ("conf.py", "settings_file.py"))
+    before = [generate.rendered_tables(m, t) for m, t in generate.TABLES if m in (conf_py, settings_py)]
+    assert before == [conf_py.read_text(), settings_py.read_text()]
+    wider = create_model("ReaperKeys", __base__=models.ReaperKeys, pidFile=(str, ""))
+    monkeypatch.setattr(models, "ReaperKeys", wider)
+    monkeypatch.setattr(models, "PluginConf", create_model("PluginConf", __base__=(wider, models.PluginConf)))
+    monkeypatch.setattr(models, "SettingsFile", create_model("SettingsFile", __base__=(wider, models.SettingsFile)))
+    after = [generate.rendered_tables(m, t) for m, t in generate.TABLES if m in (conf_py, settings_py)]
+    assert all('"pidFile"' in a and a != b for a, b in zip(after, before))

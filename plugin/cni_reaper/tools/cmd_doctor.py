@@ -26,6 +26,7 @@ def run(args) -> int:
         nomad[0] if nomad else DEFAULT_CNI_PATH.split(":"))
     wrap = doctor.check_wrap(cni_path, nomad)
     findings = doctor.check_scan(found, dirs, wrapped=bool(wrap)) + wrap
+    findings += doctor.check_settings_file(context.settings_path(args))
     findings += _doctor_networks(args, found, contexts, cni_path)
     findings += _doctor_records(contexts)
     findings += _doctor_leaks(args, contexts)

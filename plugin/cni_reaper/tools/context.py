@@ -49,17 +49,24 @@ def scan_dirs(args):
     return dirs, scan(dirs)
 
 
-def settings_of(args):
-    """The settings file of wrapped networks (--config, else CNI_REAPER_CONFIG, else /etc/cni-reaper/config.json)."""
-    from cni_reaper.cni.settings_file import load
+def settings_path(args) -> str:
+    """The settings file of wrapped networks: --config, else CNI_REAPER_CONFIG, else /etc/cni-reaper/config.json."""
+    from cni_reaper.cni.settings_file import path_of
 
-    env = dict(os.environ)
     if getattr(args, "config", None):
-        env["CNI_REAPER_CONFIG"] = os.path.abspath(args.config)
-        if not os.path.exists(env["CNI_REAPER_CONFIG"]):  # named, so meant: a typo must not drop its "mode"
+        path = os.path.abspath(args.config)
+        if not os.path.exists(path):  # named, so meant: a typo must not drop its "mode"
             raise CniError(INVALID_CONFIG, f"--config {args.config}: no such file",
                            "name the settings file of the wrapped networks, or leave --config out")
-    s = load(env)
+        return path
+    return path_of(os.environ)
+
+
+def settings_of(args):
+    """The settings file of wrapped networks, read as a wrapped call reads it (settings_path)."""
+    from cni_reaper.cni.settings_file import load
+
+    s = load({**os.environ, "CNI_REAPER_CONFIG": settings_path(args)})
     if s.problem:
         print(f"{PLUGIN_NAME}: {s.problem}", file=sys.stderr)
     return s

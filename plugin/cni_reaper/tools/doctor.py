@@ -467,6 +467,30 @@ def check_wrap(cni_path: list[str], nomad: tuple[list[str], str] | None) -> list
     return out
 
 
+def check_settings_file(path: str) -> list[Finding]:
+    """The settings file of wrapped networks, checked whole against its model (models.SettingsFile): every key
+    whose value a wrapped call cannot use (it then takes the default, or observes), with where it is. None when
+    there is no such file."""
+    from pydantic import ValidationError
+
+    from cni_reaper.cni.settings_file import document
+    from cni_reaper.models import SettingsFile
+
+    doc, problem = document(path)
+    if problem:
+        return [Finding(FAIL, "settings-file", "", problem, f"make {path} a JSON object root owns and alone may "
+                        "write, or remove it", path)]
+    if doc is None:
+        return []
+    try:
+        SettingsFile.model_validate(doc)
+    except ValidationError as exc:
+        said = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors())
+        return [Finding(WARN, "settings-file", "", f"{path}: keys a wrapped call cannot use (it takes the default, "
+                        f"and an unusable mode observes): {said}", "correct them (README, \"The settings file\")", path)]
+    return [Finding(OK, "settings-file", "", f"{path}: every key is usable", source=path)]
+
+
 def check_mode(network: str, mode: str, source: str | None) -> Finding:
     if mode == "observe":
         return Finding(WARN, "mode", network, "observe mode: dead attachments are judged and logged (\"would remove\"), "
