@@ -35,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "plugin" / "cni_reaper" / "state" / "record_checks.py"
-ROOTS = ("RecordV1", "Record")  # the documents checked; every model they reach gets a function
+ROOTS = ("RecordV1", "RecordV2", "Record")  # the documents checked; every model they reach gets a function
 # state/record.py's classes and the model each one reads and writes: a class of its own name, but for the mark
 # a record's `left` holds, a Left or a Held (the keys Held adds to Left are left out when they are None)
 PARTS = {"NetnsId": "NetnsId", "DirId": "DirId", "HostId": "HostId", "Veth": "Veth", "ReservationId": "ReservationId",
@@ -218,7 +218,9 @@ class Emitter:
             for name, m in list(self.models.items()):
                 if name not in done:
                     done[name] = self.function(m)
-        return HEADER + "".join(f"\n\n{done[n]}\n" for n in sorted(done))
+        keys = "".join(f'    "{r}": _{r}[0] | _{r}[1],\n' for r in ROOTS)
+        return (HEADER + "".join(f"\n\n{done[n]}\n" for n in sorted(done))
+                + f"\n\n# every key a document of each schema's model may hold\nKEYS: dict[str, frozenset[str]] = {{\n{keys}}}\n")
 
 
 def rendered() -> str:

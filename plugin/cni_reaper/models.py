@@ -566,9 +566,9 @@ class Held(Left):
     _tries = field_validator("tries", mode="before")(classmethod(lambda cls, v: _strict_int(v)))
 
 
-class Record(BaseModel):
-    """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir,
-    exactly as record.py writes it (every key present; record.problem() says the same in plain Python)."""
+class RecordV2(BaseModel):
+    """A record of cni-reaper 0.3 to 0.5 (schema 2), exactly as state/record.py writes it while its WRITTEN is
+    2 (every key present; record.problem() says the same, through the checks generated from it)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
@@ -586,12 +586,26 @@ class Record(BaseModel):
     left: Optional[Union[Held, Left]] = None  # may be absent
 
 
+class Record(RecordV2):
+    """All cni-reaper knows of one attachment (network name, container ID, ifname): one file in stateDir, in
+    schema 3, the shape every record has in memory (state/record.py's classes: a record of schema 1 or 2 is read
+    into it, what it lacks None). This release reads schema 3 and writes schema 2 (state/record.py WRITTEN):
+    the first half of adding a field, so that a rollback from the release that writes it keeps every record."""
+
+    schema_: Literal[3] = Field(alias="schema")  # type: ignore[assignment]
+    # the cni-reaper release that last wrote this record (None: one that did not say, a record of schema 1 or 2)
+    writtenBy: Optional[str] = Field(max_length=MAX_TEXT)
+
+
+RECORDS: Dict[int, Any] = {1: RecordV1, 2: RecordV2, 3: Record}  # a record file's model by its schema
+
+
 def record_problem(doc: Any) -> Optional[str]:
-    """What the schema says of a record document of either schema (None: it is one)."""
+    """What the schema says of a record document of any schema read (None: it is one)."""
     import json
 
     schema = doc.get("schema") if isinstance(doc, dict) else None
-    model = RecordV1 if type(schema) is int and schema == 1 else Record
+    model = RECORDS.get(schema, Record) if type(schema) is int else Record
     try:
         model.model_validate_json(json.dumps(doc))
     except ValidationError as exc:
@@ -832,7 +846,8 @@ def nomad_answer(name: str, doc: Any) -> Any:
 # The command line's JSON documents are declared with the commands that print them (tools/output.py: a command
 # loads pydantic and those few models, not these); tools/output.PUBLISHED names every published schema.
 NOMAD: Dict[str, Any] = {"agent-self": NomadAgentSelf, "allocations": NomadAllocations}
-SCHEMAS: Dict[str, Any] = {"record": Record, "journal-item": JournalItem}  # the state's documents, published
+# the state's documents, published: a record file is of the schema written (2) or of the latest read (3)
+SCHEMAS: Dict[str, Any] = {"record": Union[RecordV2, Record], "journal-item": JournalItem}
 
 
 _ITEM_KINDS = ("iptables", "nft", "reservation", "cache", "conntrack", "netns", "record")

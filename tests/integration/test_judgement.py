@@ -163,13 +163,13 @@ def test_status_answers_at_once_while_another_process_holds_the_state_lock(sb):
 
 
 def test_a_record_of_a_later_cni_reaper_is_kept_as_it_is_and_nothing_of_it_removed(sb):
-    """Issue 43, item 6 (rollback 0.5 -> 0.6 -> 0.5): a record a later cni-reaper wrote (schema 3, fields this
+    """Issue 43, item 6 (rollback 0.5 -> 0.6 -> 0.5): a record a later cni-reaper wrote (schema 4, fields this
     one does not know) is neither quarantined nor dropped nor rewritten; it is judged unknown and nothing it
     holds is removed, by every verb's sweep and by the operator's sweep. Before: moved aside as *.corrupt."""
     cid, ips = _leak(sb, "8100:80/tcp")
 
     def later(rec):
-        rec["schema"] = 3
+        rec["schema"] = 4
         rec["fromTheFuture"] = {"x": 1}
         rec["current"]["newEvidence"] = [1, 2, 3]
 

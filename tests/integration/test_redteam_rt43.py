@@ -252,7 +252,7 @@ def test_status_never_waits_lock_timeout_for_a_stopped_holder_when_a_recreate_is
 
 
 def _later(rec):
-    rec["schema"] = 3
+    rec["schema"] = 4
     rec["fromTheFuture"] = {"x": 1}
     rec["current"]["newEvidence"] = [1, 2, 3]
 
@@ -272,7 +272,8 @@ def test_a_check_after_a_rollback_keeps_a_later_record_as_it_is(nsb):
     namespace) not the same as the live one, "repairs" it (merge) and saves a schema 2 record over it: the
     later release's fields are gone. Nomad sends CHECK for every allocation at each client restart, so after a
     rollback (0.6 -> 0.5) every record the later release wrote is rewritten, and a roll-forward finds none of its
-    own fields. Reproduce: a live allocation, its record made schema 3 with a field of its own, CHECK. Every
+    own fields. Reproduce: a live allocation, its record made schema 4 (later than any this release
+    reads) with a field of its own, CHECK. Every
     time."""
     sb = nsb
     conflist = sb.conflist()
@@ -291,10 +292,10 @@ def test_a_del_after_a_rollback_never_mangles_a_later_record(nsb):
     """Promise 6 (issue 43): records of a later schema are kept, never dropped or rewritten here (rollback).
 
     Broken: verbs/delete.py `_torn_down` saves the record it loaded, which for a later schema is of_later's
-    reduction (its lives' addresses and netns path only): the file is rewritten still claiming schema 3, with
+    reduction (its lives' addresses and netns path only): the file is rewritten still claiming schema 4, with
     the later release's own fields gone and the evidence of its life (netnsId, host, veth, reservations)
     nulled; a roll-forward reads a record of its own schema that lost what it wrote. Reproduce: a live
-    allocation, its record made schema 3 with fields of its own, the runtime's DEL. Every time."""
+    allocation, its record made schema 4 with fields of its own, the runtime's DEL. Every time."""
     sb = nsb
     conflist = sb.conflist()
     cid, netns = unique("alloc-"), sb.container()

@@ -40,10 +40,10 @@ def test_a_field_added_to_a_model_changes_the_generated_checks(monkeypatch):
 
     generate = _generator()
     before = generate.rendered()
-    wider = create_model("Record", __base__=models.Record, writtenBy=(str, Field(max_length=64)))
+    wider = create_model("Record", __base__=models.Record, runtimeName=(str, Field(max_length=64)))
     monkeypatch.setattr(models, "Record", wider)
     after = generate.rendered()
-    assert after != before and '"writtenBy"' in after and "len(v) <= 64" in after
+    assert after != before and '"runtimeName"' in after and "len(v) <= 64" in after
 
 
 def test_a_field_added_to_a_model_is_a_field_of_the_record_class(monkeypatch):
@@ -55,10 +55,10 @@ def test_a_field_added_to_a_model_is_a_field_of_the_record_class(monkeypatch):
 
     generate = _generator()
     before = generate.rendered_fields()
-    wider = create_model("Record", __base__=models.Record, writtenBy=(str, Field(max_length=64)))
+    wider = create_model("Record", __base__=models.Record, runtimeName=(str, Field(max_length=64)))
     monkeypatch.setattr(models, "Record", wider)
     after = generate.rendered_fields()
-    assert after != before and '("written_by", "writtenBy", ""),' in after
+    assert after != before and '("runtime_name", "runtimeName", ""),' in after
     assert generate.slot_of("containerID") == "container_id" and generate.slot_of("netnsId") == "netns_id"
 
 

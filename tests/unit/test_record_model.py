@@ -108,13 +108,14 @@ def test_a_record_as_written_reads_into_the_right_fields_and_writes_back_byte_fo
     assert r.settings == record.RecordSettings("/i", "/c", "iptables")
     assert r.deleted == record.Tombstone("2026-11-29T19:34:00Z", True, False, True, False, None)
     assert r.left == record.Left("2026-11-29T19:35:00Z", "held", "2026-11-29T19:36:00Z", 3)
-    assert r.doc() == doc  # every key back, with its value
+    assert r.written() == doc  # every key back, with its value (in the schema written: 2)
+    assert r.schema == 3 and r.written_by is None  # in memory: schema 3, whose writtenBy a schema 2 record lacks
     # in the models' order (state/record_checks.py): inherited fields first (ips before netnsDir since 0.6)
     order = [k for _, k, _ in record.Life._fields]
     assert list(r.doc()["current"]) == order and order.index("ips") < order.index("netnsDir")
     # a mark the schema lets be null or absent is read as none and written absent (what the builders write)
     unmarked = {k: v for k, v in doc.items() if k != "left"}
-    assert record.of_document(dict(doc, left=None)).doc() == unmarked == record.of_document(unmarked).doc()
+    assert record.of_document(dict(doc, left=None)).written() == unmarked == record.of_document(unmarked).written()
 
 
 # Every JSON key a record has. The keys only a record has may be read nowhere but in state/record.py (and
@@ -122,7 +123,7 @@ def test_a_record_as_written_reads_into_the_right_fields_and_writes_back_byte_fo
 RECORD_KEYS = {k for part in TWINS for _, k, _ in part._fields}
 RECORD_ONLY = {"current", "earlier", "deleted", "netnsId", "netnsDir", "createdAt", "cniArgs", "pluginVersion",
                "reservation", "retryAt", "netnsGone", "hadPrevResult", "hadPortMappings", "ipamDataDir", "cniCacheDir",
-               "veth", "settings", "schema", "groups", "boot", "machine", "mnt", "ifindex", "tries"}
+               "veth", "settings", "schema", "groups", "boot", "machine", "mnt", "ifindex", "tries", "writtenBy"}
 OWNER = PACKAGE / "state" / "record.py"
 MODELS = PACKAGE / "models.py"  # the schema itself
 GENERATED = PACKAGE / "state" / "record_checks.py"  # the record's checks, generated from MODELS

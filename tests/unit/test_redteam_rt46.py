@@ -370,7 +370,7 @@ def _every_kind_of_record(tmp_path) -> None:
     put(plain, "plain")
     put(dict(plain, left=rec.left("no reservation shows who else holds 172.26.64.2").doc()), "left")
     put(dict(plain, left=rec.held("ipv4 nat CNI-1: still referenced", None).doc()), "held")
-    put(dict(_valid_record(2), schema=3, newThing={"x": [1, 2]}), "later")
+    put(dict(_valid_record(2), schema=4, newThing={"x": [1, 2]}), "later")
     put({"schema": 7, "network": net, "containerID": "later-min", "ifname": "eth0"}, "later-min")
     put(dict(plain, current=dict(plain["current"], netns="/var/run/netns/ünï-\u2028")), "uni")
     _journal(tmp_path,

@@ -17,6 +17,7 @@ from cni_reaper import models
 from cni_reaper.cni import conf as fastconf
 from cni_reaper.cni import result
 from cni_reaper.errors import CniError
+from cni_reaper.state import record
 from testkit.cni import conf as make_conf
 from testkit.cni import invoke, prev_result
 
@@ -210,8 +211,8 @@ def test_every_record_the_verbs_write_validates_against_the_schema(tmp_path_fact
                       runtimeConfig={"portMappings": [{"HostPort": 8000 + host, "ContainerPort": 80}]})
         assert invoke(verb, c, cid=cid)[0] == 0
     for path in state.glob("r-*.json"):
-        models.Record.model_validate_json(path.read_text())
-        json.loads(path.read_text())
+        assert json.loads(path.read_text())["schema"] == record.WRITTEN
+        models.RECORDS[record.WRITTEN].model_validate_json(path.read_text())
 
 
 EDGES = [("lockTimeout", v) for v in (300, 300.0, 300.5, 301, 0, 0.0, 1e-9, -0.0, True, "10", float("inf"), None)] + \

@@ -93,7 +93,7 @@ def test_undo_says_a_record_it_did_not_put_back_is_not_put_back(tmp_path):
     x.update(containerID="X", earlier=[], deleted=None)
     x["current"]["ips"][0].update(address="10.9.9.8", reservation=None)
     x["current"].update(netns="/var/run/netns/gone-x", netnsId=None)
-    later = {"schema": 3, "network": NET, "containerID": 7, "ifname": "eth0"}  # its key unreadable here
+    later = {"schema": 4, "network": NET, "containerID": 7, "ifname": "eth0"}  # its key unreadable here
     (state / record_name(NET, "X", "eth0")).write_text(json.dumps(later))
     os.chmod(state / record_name(NET, "X", "eth0"), 0o600)
     with open(state / ".journal", "a") as f:

@@ -30,12 +30,17 @@ if TYPE_CHECKING:
 
 from cni_reaper import __version__
 from cni_reaper.state.names import MAX_RECORD_BYTES  # noqa: F401 - the records' limit, beside the fields' own
-from cni_reaper.state.record_checks import FIELDS, OPTIONAL, SLOTS, check_Record, check_RecordV1
+from cni_reaper.state.record_checks import FIELDS, KEYS, OPTIONAL, SLOTS, check_Record, check_RecordV1, check_RecordV2
 from cni_reaper.state.times import iso_at, iso_now, parse_time
 from cni_reaper.values import Key, Value
 
-SCHEMA = 2
-SCHEMAS = (1, 2)  # what is read
+SCHEMA = 3  # the shape of every record in memory (models.Record), the latest schema read
+SCHEMAS = (1, 2, 3)  # what is read
+# The schema written. Adding a field is two releases (expand, then contract): this one reads schema 3 and writes 2,
+# so that a rollback from the release that writes 3 to this one keeps every record (0.4.x moves aside a record
+# of a schema it does not know, and reads 2 alone); the next one sets WRITTEN = SCHEMA. CONTRIBUTING.md says how.
+WRITTEN = 2
+_CHECKS = {1: check_RecordV1, 2: check_RecordV2, 3: check_Record}
 MAX_EARLIER = 16
 MAX_IPS = 16  # addresses recorded per life (an attachment has one or two)
 MAX_PORTS = 1024  # port mappings recorded per life (only informational: DNAT rules are found by their tag)
@@ -54,7 +59,7 @@ MAX_LINK = 15  # a link name (IFNAMSIZ - 1)
 # -- the typed model -----------------------------------------------------------------------------------
 # A record as every other module sees it: slotted classes named as models.py names the schema's parts, whose
 # slots and field tables are generated from the models (state/record_checks.py, by scripts/generate.py): a field is
-# declared once, in its model. `of` reads a document that problem() accepted (and upgrade() brought to schema 2);
+# declared once, in its model. `of` reads a document that problem() accepted (and upgrade() brought to schema 3);
 # `doc` gives the document back, key for key. tests/unit/test_record_model.py holds every class to its pydantic
 # twin field by field, and no module but this one to a record's layout.
 _PARTS: dict[str, Any] = {}  # class name -> class, as each is defined (a part's nested parts are defined first)
@@ -278,10 +283,21 @@ class Record(Part):
 
     def __init__(self, network: str, container_id: str, ifname: str, current: Life, earlier: tuple[Life, ...],
                  cni_args: dict[str, str], settings: RecordSettings | None, deleted: Tombstone | None = None,
-                 left: Left | None = None, plugin_version: str = __version__, schema: int = SCHEMA) -> None:
+                 left: Left | None = None, plugin_version: str = __version__, schema: int = SCHEMA,
+                 written_by: str | None = __version__) -> None:
         self.schema, self.network, self.container_id, self.ifname = schema, network, container_id, ifname
         self.current, self.earlier, self.cni_args, self.settings = current, earlier, cni_args, settings
-        self.plugin_version, self.deleted, self.left = plugin_version, deleted, left
+        self.plugin_version, self.deleted, self.left, self.written_by = plugin_version, deleted, left, written_by
+
+    def written(self) -> dict[str, Any]:
+        """The document this release writes of it: schema WRITTEN, saying that this release wrote it (in schema
+        3: what an older schema does not hold is left out)."""
+        d = self.doc()
+        d["writtenBy"] = __version__
+        if WRITTEN == SCHEMA:
+            return d
+        keys = KEYS[f"RecordV{WRITTEN}"]
+        return {k: WRITTEN if k == "schema" else v for k, v in d.items() if k in keys}
 
     @property
     def key(self) -> Key:
@@ -456,21 +472,23 @@ def _later_life(v: Any) -> Life | None:
 
 
 def written_as_read(data: dict[str, Any]) -> bool:
-    """Whether a document problem() accepted is written back as it is (of this schema: not upgraded)."""
-    return bool(data["schema"] == SCHEMA)
+    """Whether a document problem() accepted is written back as it is (of the schema written: Record.written)."""
+    return bool(data["schema"] == WRITTEN)
 
 
 def of_document(data: dict[str, Any]) -> Record:
-    """The record a document problem() accepted holds (a schema 1 one in the shape of schema 2: what it lacks
-    is None)."""
+    """The record a document problem() accepted holds (one of schema 1 or 2 in the shape of schema 3: what it
+    lacks is None)."""
     return Record.of(upgrade(data))
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A schema 1 record document (checked by problem()) in the shape of schema 2: what it lacks is null."""
+    """A record document of schema 1 or 2 (checked by problem()) in the shape of schema 3: what it lacks is null."""
     if data["schema"] == SCHEMA:
         return data
-    out = dict(data, schema=SCHEMA, settings=None)
+    if data["schema"] == 2:
+        return dict(data, schema=SCHEMA, writtenBy=None)
+    out = dict(data, schema=SCHEMA, settings=None, writtenBy=None)
     out["current"] = _upgrade_life(data["current"])
     out["earlier"] = [_upgrade_life(x) for x in data["earlier"]]
     if data["deleted"] is not None:
@@ -492,9 +510,9 @@ def _is_int(v: Any) -> bool:
 
 
 def problem(data: Any) -> str | None:
-    """Why `data` is not a record (None when it is one): what models.Record (schema 2) and models.RecordV1 say,
-    through the checks generated from them (state/record_checks.py, with the classes' field tables)."""
+    """Why `data` is not a record (None when it is one): what models.RECORDS say of its schema, through the checks
+    generated from them (state/record_checks.py, with the classes' field tables)."""
     if not isinstance(data, dict) or not _is_int(data.get("schema")) or data["schema"] not in SCHEMAS:
-        return f"not a record of schema {' or '.join(map(str, SCHEMAS))}"
-    where = (check_Record if data["schema"] == 2 else check_RecordV1)(data)
+        return f"not a record of schema {', '.join(map(str, SCHEMAS))}"
+    where = _CHECKS[data["schema"]](data)
     return None if where is None else f"{where}: not as a record of schema {data['schema']} has it (models.py)"

@@ -174,10 +174,10 @@ def check_NetnsIdV1(d: Any) -> str | None:
 
 
 _Record: Fields = (
-    frozenset(("cniArgs", "containerID", "current", "deleted", "earlier", "ifname", "network", "pluginVersion", "schema", "settings",)),
+    frozenset(("cniArgs", "containerID", "current", "deleted", "earlier", "ifname", "network", "pluginVersion", "schema", "settings", "writtenBy",)),
     frozenset(("left",)),
     (
-        ("schema", lambda v: type(v) is int and v in (2,), False),
+        ("schema", lambda v: type(v) is int and v in (3,), False),
         ("network", lambda v: type(v) is str and len(v) <= 4096, False),
         ("containerID", lambda v: type(v) is str and len(v) <= 4096, False),
         ("ifname", lambda v: type(v) is str and len(v) <= 4096, False),
@@ -188,6 +188,7 @@ _Record: Fields = (
         ("pluginVersion", lambda v: type(v) is str and len(v) <= 4096, False),
         ("deleted", lambda v: v is None or check_Tombstone(v) is None, False),
         ("left", lambda v: v is None or check_Held(v) is None or check_Left(v) is None, False),
+        ("writtenBy", lambda v: v is None or type(v) is str, False),
     ),
 )
 
@@ -233,6 +234,30 @@ _RecordV1: Fields = (
 def check_RecordV1(d: Any) -> str | None:
     """models.RecordV1."""
     return _check(d, _RecordV1)
+
+
+_RecordV2: Fields = (
+    frozenset(("cniArgs", "containerID", "current", "deleted", "earlier", "ifname", "network", "pluginVersion", "schema", "settings",)),
+    frozenset(("left",)),
+    (
+        ("schema", lambda v: type(v) is int and v in (2,), False),
+        ("network", lambda v: type(v) is str and len(v) <= 4096, False),
+        ("containerID", lambda v: type(v) is str and len(v) <= 4096, False),
+        ("ifname", lambda v: type(v) is str and len(v) <= 4096, False),
+        ("current", lambda v: check_Life(v), True),
+        ("earlier", lambda v: type(v) is list and len(v) <= 16 and all(check_Life(x0) is None for x0 in v), False),
+        ("cniArgs", lambda v: type(v) is dict and len(v) <= 64 and all(type(k0) is str and len(k0) <= 256 and type(x0) is str and len(x0) <= 4096 for k0, x0 in v.items()), False),
+        ("settings", lambda v: v is None or check_RecordSettings(v) is None, False),
+        ("pluginVersion", lambda v: type(v) is str and len(v) <= 4096, False),
+        ("deleted", lambda v: v is None or check_Tombstone(v) is None, False),
+        ("left", lambda v: v is None or check_Held(v) is None or check_Left(v) is None, False),
+    ),
+)
+
+
+def check_RecordV2(d: Any) -> str | None:
+    """models.RecordV2."""
+    return _check(d, _RecordV2)
 
 
 _RecordedIP: Fields = (
@@ -355,6 +380,14 @@ def check_Veth(d: Any) -> str | None:
     return _check(d, _Veth)
 
 
+# every key a document of each schema's model may hold
+KEYS: dict[str, frozenset[str]] = {
+    "RecordV1": _RecordV1[0] | _RecordV1[1],
+    "RecordV2": _RecordV2[0] | _RecordV2[1],
+    "Record": _Record[0] | _Record[1],
+}
+
+
 # -- the field tables of state/record.py's classes, the reader and writer of a record ------------------------
 # Per class: its fields in the document's order (FIELDS: slot, JSON key, what a value that is not None holds:
 # "" a plain value, "Name" a part of class Name, "[Name]" a list of them), the keys left out of the document
@@ -440,6 +473,7 @@ FIELDS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("plugin_version", "pluginVersion", ""),
         ("deleted", "deleted", "Tombstone"),
         ("left", "left", "Left"),
+        ("written_by", "writtenBy", ""),
     ),
 }
 OPTIONAL: dict[str, frozenset[str]] = {

@@ -70,7 +70,8 @@ class Store:
         return self.load_named(record_name(network, container_id, ifname), expect=Key(network, container_id, ifname))
 
     def load_named(self, name: str, expect: Key | None = None) -> Record | None:
-        """The record in file `name` (in schema 2's shape), or None; an unusable file is moved aside."""
+        """The record in file `name` (in schema 3's shape, as every record is held), or None; an unusable file is
+        moved aside."""
         data, why = self.dir.read(name, MAX_RECORD_BYTES)
         if data is None:
             if why is not None:
@@ -101,7 +102,7 @@ class Store:
         """A record's document for the journal: the text it was read from when this store read it so (jsonio.Raw:
         the journal writes it as it is instead of encoding it again), else its document."""
         found = self._read.get(id(record))
-        return found[1] if found is not None and found[0] is record else record.doc()
+        return found[1] if found is not None and found[0] is record else record.written()
 
     def save(self, record: Record) -> bool:
         """Write the record (durably) and index it. False: nothing written, a later cni-reaper's record is there
@@ -109,7 +110,7 @@ class Store:
         name = record_name(*record.key)
         if self._kept_as_later(name):
             return False
-        data = jsonio.dumps(record.doc()).encode() + b"\n"
+        data = jsonio.dumps(record.written()).encode() + b"\n"
         if len(data) > MAX_RECORD_BYTES:  # the builders' limits make this impossible; never write what we would refuse
             raise CniError(IO_FAILURE, f"record of {record.container_id} too large ({len(data)} bytes)")
         try:

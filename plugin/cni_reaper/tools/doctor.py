@@ -471,10 +471,7 @@ def check_settings_file(path: str) -> list[Finding]:
     """The settings file of wrapped networks, checked whole against its model (models.SettingsFile): every key
     whose value a wrapped call cannot use (it then takes the default, or observes), with where it is. None when
     there is no such file."""
-    from pydantic import ValidationError
-
     from cni_reaper.cni.settings_file import document
-    from cni_reaper.models import SettingsFile
 
     doc, problem = document(path)
     if problem:
@@ -482,6 +479,10 @@ def check_settings_file(path: str) -> list[Finding]:
                         "write, or remove it", path)]
     if doc is None:
         return []
+    from pydantic import ValidationError  # only with a settings file to check: doctor's start is not the timer's
+
+    from cni_reaper.models import SettingsFile
+
     try:
         SettingsFile.model_validate(doc)
     except ValidationError as exc:
