@@ -289,11 +289,12 @@ class Record(Part):
         self.current, self.earlier, self.cni_args, self.settings = current, earlier, cni_args, settings
         self.plugin_version, self.deleted, self.left, self.written_by = plugin_version, deleted, left, written_by
 
-    def written(self) -> dict[str, Any]:
-        """The document this release writes of it: schema WRITTEN, saying that this release wrote it (in schema
-        3: what an older schema does not hold is left out)."""
+    def written(self, stamped: bool = True) -> dict[str, Any]:
+        """The document this release writes of it: schema WRITTEN (what an older schema does not hold left
+        out), saying that this release wrote it (`stamped`; else, for the journal's copy, who wrote it last)."""
         d = self.doc()
-        d["writtenBy"] = __version__
+        if stamped:
+            d["writtenBy"] = __version__
         if WRITTEN == SCHEMA:
             return d
         keys = KEYS[f"RecordV{WRITTEN}"]

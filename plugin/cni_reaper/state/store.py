@@ -102,7 +102,7 @@ class Store:
         """A record's document for the journal: the text it was read from when this store read it so (jsonio.Raw:
         the journal writes it as it is instead of encoding it again), else its document."""
         found = self._read.get(id(record))
-        return found[1] if found is not None and found[0] is record else record.written()
+        return found[1] if found is not None and found[0] is record else record.written(stamped=False)
 
     def save(self, record: Record) -> bool:
         """Write the record (durably) and index it. False: nothing written, a later cni-reaper's record is there
