@@ -597,7 +597,35 @@ class Record(RecordV2):
     writtenBy: Optional[str] = Field(max_length=MAX_TEXT)
 
 
-RECORDS: Dict[int, Any] = {1: RecordV1, 2: RecordV2, 3: Record}  # a record file's model by its schema
+RECORDS: Dict[int, Any] = {1: RecordV1, 2: RecordV2, 3: Record}
+
+
+class IndexEntry(BaseModel):
+    """One record's entry in its state directory's index (state/index.py): what the quick judgement and a
+    sweep read of a record without reading it (index.Entry.of_record makes it), as a journal line and the index
+    hold it: a list of these fields in this order, a tuple a list in JSON (in the whole index, `dir` and `host`
+    are positions in its tables). The index names the fields in its first part: an index of other fields is
+    another release's, made anew from the records. state/index.py's FIELDS and entry_ok are generated from it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
+
+    ino: int  # the record file's inode
+    network: str
+    cid: str
+    ifname: str
+    netns: str
+    ns: Optional[Tuple[int, int, Optional[int]]]  # NetnsId: (dev, ino, ctime)
+    dir: Optional[Tuple[int, int, Tuple[int, ...]]]  # DirId: (dev, ino, peer groups)
+    host: Optional[Tuple[str, str, int, int]]  # HostId: (boot, machine, netns, mnt)
+    veth: Optional[Tuple[str, int]]  # Veth: (name, ifindex)
+    deleted_at: Optional[float]  # its tombstone's time (seconds since the epoch)
+    cached: Optional[bool]  # its tombstone's: whether libcni cached it when DEL ran
+    verify: bool
+    earlier: bool  # whether it holds earlier lives
+    ips: List[str]  # its current life's addresses, sorted
+    cache_dir: Optional[str]  # its settings' libcni cache directory
+    # record.left_mark: its leftovers wait for the runtime's DEL or GC (true), or a sweep looks again after this time
+    left: Union[bool, Annotated[float, Field(ge=0, lt=1 << 40)]]  # a record file's model by its schema
 
 
 def record_problem(doc: Any) -> Optional[str]:

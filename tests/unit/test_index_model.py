@@ -233,3 +233,31 @@ def test_the_index_names_its_entries_fields_and_an_index_of_other_fields_is_made
         index_module.NAMED = [f[0] for f in FIELDS]
     assert decode((tmp_path / "s" / INDEX_NAME).read_bytes()) is None
     run.sd.close()
+
+
+def test_the_index_entrys_checks_are_its_models():
+    """Issue 44: an index entry is declared once, by models.IndexEntry; state/index.py's FIELDS (each field's check,
+    reading and writing) are generated from it (scripts/generate.py): a journal line is an entry exactly when the
+    model takes its fields, on a valid entry and on each field made wrong in every way the other test makes it."""
+    import json
+
+    from cni_reaper.models import IndexEntry
+    from cni_reaper.state.index import FIELDS, Entry
+
+    names = [f[0] for f in FIELDS]
+    assert names == list(IndexEntry.model_fields)
+    good = [7, "net", "c", "eth0", "/run/netns/x", [1, 2, None], [4, 5, [6, 7]], ["b", "m", 8, 9], ["veth0", 3], 2,
+            None, True, False, [], None, True]
+    wrong = [True, 1.5, None, [], {}, [1, 2], [1, 2, 3, 4], ["b", "m", 8, "9"], ["veth0"], "1", 1, 0, [1],
+             [4, 5, ["x"]], -1.0, 2.0 ** 41, 1e300, "x", [None], [1, "2", 3]]
+    for i in range(len(FIELDS)):
+        for w in [good[i], *wrong]:
+            line = list(good)
+            line[i] = w
+            doc = json.dumps(dict(zip(names, line)), allow_nan=False)
+            try:
+                IndexEntry.model_validate_json(doc)
+                model = True
+            except ValueError:
+                model = False
+            assert (Entry.of_list(line) is not None) == model, (names[i], w)
