@@ -33,8 +33,14 @@ class _Context:
 _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # any object with these attributes
 
 
-def loads(data: str | bytes) -> Any:
-    """Parse one JSON document (bytes are UTF-8). ValueError (or RecursionError) when it is not one."""
+def loads(data: str | bytes, pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """Parse one JSON document (bytes are UTF-8). ValueError (or RecursionError) when it is not one. With
+    `pairs_hook`, each object is what it makes of the object's (key, value) pairs, in order, duplicates too."""
+    scan = _scan
+    if pairs_hook is not None:
+        context = _Context()
+        context.object_pairs_hook = pairs_hook  # type: ignore[assignment]
+        scan = _json.make_scanner(context)  # type: ignore[arg-type]
     text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
     n = len(text)
     start = 0
@@ -42,13 +48,13 @@ def loads(data: str | bytes) -> Any:
         start += 1
     try:
         try:
-            value, end = _scan(text, start)
+            value, end = scan(text, start)
         except SystemError:
             # _json builds its error from json.decoder.JSONDecodeError, and finds it only when json.decoder is
             # imported already (CPython up to 3.12): on this error path only, import it and parse again
             import json.decoder  # noqa: F401
 
-            value, end = _scan(text, start)
+            value, end = scan(text, start)
     except StopIteration as exc:
         raise ValueError(f"Expecting value: char {exc.value}") from None
     while end < n and text[end] in _WHITESPACE:

@@ -722,7 +722,7 @@ def test_the_index_names_every_records_attachment_without_making_an_entry(tmp_pa
             store.remove("nomad-reaper", f"live-{i}", "eth0")
     assert (state / ".index-journal").exists()
     with Store.session(str(state), 5) as store:
-        got = store.attached()
+        got = store.attached().names
         assert store.index is not None and store.index._cold is not None, "the second part was read"
         made = set(store.index._made)
         expected = {attachment_name(*store.load_named(n).key) for n in store.names()}
@@ -733,15 +733,31 @@ def test_the_index_names_every_records_attachment_without_making_an_entry(tmp_pa
 
 def test_an_adds_look_for_unrecorded_attachments_asks_the_records_only_when_libcni_caches_something(tmp_path):
     from cni_reaper.reap.cache import unrecorded
+    from cni_reaper.state.names import Attached
 
-    def never() -> set[str]:
+    def never() -> Attached:
         raise AssertionError("the records were asked with nothing cached")
 
-    assert unrecorded(str(tmp_path / "none"), never) is False  # no cache directory
+    def recorded(*names: str) -> Attached:
+        return Attached(set(names), {"nomad"}, set())
+
+    cache = str(tmp_path / "cache")
+    assert unrecorded(str(tmp_path / "none"), never, "nomad") is False  # no cache directory
     results = tmp_path / "cache" / "results"
     results.mkdir(parents=True)
     (results / ".tmp-write").write_text("")  # libcni's temporary files are no attachments
-    assert unrecorded(str(tmp_path / "cache"), never) is False
+    assert unrecorded(cache, never, "nomad") is False
     (results / "nomad-alloc-1-eth0").write_text("{}")
-    assert unrecorded(str(tmp_path / "cache"), lambda: {"nomad-alloc-1-eth0"}) is False
-    assert unrecorded(str(tmp_path / "cache"), lambda: {"nomad-alloc-2-eth0"}) is True
+    assert unrecorded(cache, lambda: recorded("nomad-alloc-1-eth0"), "nomad") is False
+    assert unrecorded(cache, lambda: recorded("nomad-alloc-2-eth0"), "nomad") is True
+    # a name two networks known here could have made (red team rt47): the entry itself says whose it is
+    from cni_reaper.state.names import record_name
+
+    own = Attached({"nomad-alloc-1-eth0", "nomad-a-b-eth0"}, {"nomad", "nomad-a"}, {record_name("nomad-a", "b", "eth0")})
+    entry = results / "nomad-a-b-eth0"
+    entry.write_text(json.dumps({"kind": "cniCacheV1", "networkName": "nomad-a", "containerId": "b", "ifName": "eth0"}))
+    assert unrecorded(cache, lambda: own, "nomad") is False  # the record's own entry
+    entry.write_text(json.dumps({"kind": "cniCacheV1", "networkName": "nomad", "containerId": "a-b", "ifName": "eth0"}))
+    assert unrecorded(cache, lambda: own, "nomad") is True  # nomad's a-b, unrecorded
+    entry.write_text("{not json")
+    assert unrecorded(cache, lambda: own, "nomad") is True  # cannot tell: the look goes before the answer

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 from cni_reaper import jsonio
-from cni_reaper.gojson import pick
+from cni_reaper.gojson import fold, pick
 
 DEFAULT_FILE = "/etc/cni-reaper/config.json"
 MAX_BYTES = 1 << 20
@@ -56,9 +56,10 @@ def path_of(env: Mapping[str, str]) -> str:
 
 def load(env: Mapping[str, str]) -> SettingsFile:
     s = SettingsFile(path_of(env))
-    doc, s.problem = document(s.path)
+    doc, problem = document(s.path)
     if doc is not None:
         _take(s, pick(doc, FILE_FIELDS, FILE_RESETTABLE))
+    s.problem = problem or s.problem  # the file's, else _take's: either observes every wrapped network
     return s
 
 
@@ -70,13 +71,38 @@ def document(path: str) -> tuple[dict[str, Any] | None, str]:
         return None, ""
     except OSError as exc:
         return None, f"{path}: {exc.strerror}; using the defaults"
+    twice: list[str] = []
     try:
-        doc = jsonio.loads(data) if len(data) <= MAX_BYTES else None
+        doc = jsonio.loads(data, lambda pairs: _object(pairs, twice)) if len(data) <= MAX_BYTES else None
     except (ValueError, RecursionError, UnicodeDecodeError):
         doc = None
     if not isinstance(doc, dict):
         return None, f"{path} is not a JSON object (of at most 1 MiB); using the defaults"
+    if twice:  # Go takes the last; an operator may have meant the other (an observe): not known, so observe
+        return doc, (f"{path} gives {', '.join(sorted(set(twice)))[:200]} twice (in any case) with different "
+                     "values: which one was meant is not known, so every wrapped network observes; keep one")
     return doc, ""
+
+
+_FOLDED = {f.lower() for f in FILE_FIELDS}
+_NULL_RESETS = {f.lower() for f in FILE_RESETTABLE}
+
+
+def _object(pairs: list[tuple[str, Any]], twice: list[str]) -> dict[str, Any]:
+    """A JSON object of the settings file, noting in `twice` each key given again with another value: the same
+    key, or one of the file's fields in another case (Go matches them in any case; the names of networks, which
+    Go does not fold, only as written)."""
+    seen: dict[Any, Any] = {}
+    for k, v in pairs:
+        f = fold(k)
+        field = f if f in _FOLDED else None
+        if v is None and field not in _NULL_RESETS:  # a null changes no other field (Go): nothing given
+            continue
+        for name in {k, field or k}:
+            if name in seen and seen[name] != v:
+                twice.append(k)
+            seen[name] = v
+    return dict(pairs)
 
 
 def _read_regular(path: str) -> bytes:

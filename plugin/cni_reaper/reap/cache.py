@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from cni_reaper.state.names import Attached
 
 from cni_reaper import jsonio
 from cni_reaper.files import open_regular
@@ -33,11 +34,13 @@ def results_dir(cache_dir: str) -> str:
     return os.path.join(cache_dir, RESULTS)
 
 
-def unrecorded(cache_dir: str, recorded: Callable[[], set[str]]) -> bool:
-    """Whether libcni caches an attachment that has no record (one listing of the results directory, no entry
-    read; `recorded`: the records' attachment names, asked only when something is cached): a cheap sign that
-    an allocation cni-reaper never recorded may map a host port. A directory that cannot be listed says no
-    (the look after the answer still runs)."""
+def unrecorded(cache_dir: str, recorded: Callable[[], Attached], network: str) -> bool:
+    """Whether libcni caches an attachment that has no record (one listing of the results directory;
+    `recorded`: the records as libcni names them, asked only when something is cached): a cheap sign that an
+    allocation cni-reaper never recorded may map a host port. A directory that cannot be listed says no (the
+    look after the answer still runs). A name is read as its attachment's only where two networks known here
+    (the records', `network`: this call's) could have made it ("nomad-a-b-eth0": network nomad-a's b, or
+    nomad's a-b): then the entry itself says whose it is."""
     try:
         names = [n for n in os.listdir(results_dir(cache_dir)) if not n.startswith(".")]
     except OSError:
@@ -45,7 +48,27 @@ def unrecorded(cache_dir: str, recorded: Callable[[], set[str]]) -> bool:
     if not names:
         return False
     known = recorded()
-    return any(n not in known for n in names)
+    prefixes = [f"{o}-" for o in {network, *known.networks}]
+    for n in names:
+        if n not in known.names:
+            return True
+        if len(prefixes) > 1 and sum(map(n.startswith, prefixes)) > 1 and not _holds(cache_dir, n, known):
+            return True
+    return False
+
+
+def _holds(cache_dir: str, name: str, known: Attached) -> bool:
+    """Whether the attachment cached as `name` (by what its entry says) has a record; an entry that cannot be
+    read says no."""
+    try:
+        fd = os.open(results_dir(cache_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        e = _read(fd, name)
+    finally:
+        os.close(fd)
+    return e is not None and known.holds(e.network, e.container_id, e.ifname)
 
 
 def view(cache_dir: str) -> str | None:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cni_reaper.reap.targets import Target
     from cni_reaper.reap.undo import Report
     from cni_reaper.reap.word import Asked, Said
+    from cni_reaper.state.names import Attached
     from cni_reaper.state.record import Life, Record
     from cni_reaper.state.store import Store
     from cni_reaper.values import DelCall, Key
@@ -131,12 +132,12 @@ def await_lingering(v: View) -> bool:
     return wait_for_them(v)
 
 
-def cached_unrecorded(cache_dir: str, recorded: Callable[[], set[str]]) -> bool:
+def cached_unrecorded(cache_dir: str, recorded: Callable[[], Attached], network: str) -> bool:
     """An ADD's cheap look for leaks: whether libcni caches an attachment that has no record (`recorded`: the
-    records' attachment names, state/names.attachment_name; asked only when something is cached; reap/cache)."""
+    records as libcni names them, state/names.Attached; asked only when something is cached; reap/cache)."""
     from cni_reaper.reap.cache import unrecorded
 
-    return unrecorded(cache_dir, recorded)
+    return unrecorded(cache_dir, recorded, network)
 
 
 def judged(records: Iterable[Record], view: View, confs: dict[str, Any], cache_dir: str) -> dict[Key, Verdict]:

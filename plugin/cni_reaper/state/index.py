@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     Runs = tuple[list[tuple[str, int]], list[str]]
 
 from cni_reaper import jsonio, log
-from cni_reaper.state.names import all_record_names, attachment_name, is_record_name, others_in
+from cni_reaper.state.names import Attached, all_record_names, attachment_name, is_record_name, others_in
 from cni_reaper.state.record import SCHEMA, DirId, HostId, NetnsId, Veth, parse_time
 from cni_reaper.values import Key
 
@@ -178,11 +178,16 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
                       digest(ints)])
     cold = [body[n] for n in names]
     names += others
-    net, cid, ifname = AT["network"], AT["cid"], AT["ifname"]
-    hot = {"fields": NAMED, "names": names, "inos": [body[n][AT["ino"]] for n in names],
-           "attached": [attachment_name(body[n][net], body[n][cid], body[n][ifname]) for n in names],
+    hot = {"fields": NAMED, "names": names, "inos": [body[n][AT["ino"]] for n in names], **_attachments(body, names),
            "quick": quick, "raw": [body[n] for n in others], "hosts": hosts, "dirs": dirs}
     return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
+
+
+def _attachments(body: dict[str, list[Any]], names: list[str]) -> dict[str, list[str]]:
+    """The first part's "attached" (libcni's name of each of `names`' attachments) and "networks" (theirs)."""
+    net, cid, ifname = AT["network"], AT["cid"], AT["ifname"]
+    return {"attached": [attachment_name(body[n][net], body[n][cid], body[n][ifname]) for n in names],
+            "networks": sorted({body[n][net] for n in names})}
 
 
 def _dir_of(path: str) -> str:
@@ -259,7 +264,7 @@ def decode(data: bytes) -> tuple[dict[str, Any], bytes] | str | None:
     return hot, data[m + 8:m + 12] + data[end:]
 
 
-_PARTS = ("names", "inos", "attached", "quick", "raw", "hosts", "dirs")
+_PARTS = ("names", "inos", "attached", "networks", "quick", "raw", "hosts", "dirs")
 
 
 def second_part(sealed: bytes) -> Any:
@@ -294,7 +299,7 @@ def first_part(hot: dict[str, Any]) -> tuple[dict[str, int], list[str], list[tup
     by_name = dict(zip(names, inos))  # inodes of another type never equal the directory's (Index.load)
     if len(by_name) != len(names) or len(inos) != len(names) or len(hot["attached"]) != len(names):
         raise ValueError("a name twice, or a name without an inode or an attachment")
-    "".join(hot["attached"])  # a TypeError for what is no string
+    "".join(hot["attached"]) + "".join(hot["networks"])  # a TypeError for what is no string
     if not all_record_names(names):  # what Index.load takes for the directory's other files depends on it
         raise ValueError("a name that is no record file's")
     flat, at = [], 0
@@ -530,6 +535,7 @@ class Index:
         # (its second part, parsed when one is asked for), the names changed since (whose flat lists are void)
         self._names: list[str] = []
         self._attached: list[str] = []  # libcni's name of each of `_names`' attachments (Index.attached)
+        self._networks: list[str] = []  # the networks of them all
         self._flat: list[tuple[tuple, int, int, Runs, str, int]] = []
         self._cold: bytes | None = None
         self._changed: set[str] = set()
@@ -543,14 +549,20 @@ class Index:
         self._make(list(self._raw))
         return self._made
 
-    def attached(self) -> set[str]:
-        """libcni's names of every record's attachment (state/names.attachment_name), from the first part
-        and the entries changed since it was written: no entry is made, the second part is not read (an ADD
-        that maps host ports asks it when libcni caches anything; making 1,000 entries costs ~5 ms)."""
+    def attached(self) -> Attached:
+        """libcni's names of every record's attachment (state/names.attachment_name) and the networks of them
+        all (of records removed since, too), from the first part and the entries changed since it was
+        written: no entry is made, the second part is not read (an ADD that maps host ports asks it when
+        libcni caches anything; making 1,000 entries costs ~5 ms)."""
         changed, made = self._changed, self._made
-        out = {a for n, a in zip(self._names, self._attached) if n not in changed}
-        out.update(attachment_name(*made[n].key) for n in changed if n in made)
-        return out
+        names = {a for n, a in zip(self._names, self._attached) if n not in changed}
+        networks = set(self._networks)
+        for n in changed:
+            e = made.get(n)
+            if e is not None:
+                names.add(attachment_name(*e.key))
+                networks.add(e.network)
+        return Attached(names, networks, self.inos.keys())
 
     def entries_but(self, names: set[str]) -> dict[str, Entry]:
         """The entries of every record file but `names`."""
@@ -603,7 +615,7 @@ class Index:
 
     def _reset(self) -> None:
         self.inos, self.quick, self._raw, self._made = {}, {}, {}, {}
-        self._names, self._attached, self._flat, self._cold, self._changed = [], [], [], None, set()
+        self._names, self._attached, self._networks, self._flat, self._cold, self._changed = [], [], [], [], None, set()
 
     def load(self, found: dict[str, int]) -> bool:
         """Take the index on disk if it agrees with `found` (the directory's entries: name -> inode); False when
@@ -640,7 +652,7 @@ class Index:
 
     def _take(self, hot: dict[str, Any], cold: bytes) -> None:
         self.inos, self._names, self._flat, self._raw = first_part(hot)
-        self._attached = hot["attached"]
+        self._attached, self._networks = hot["attached"], hot["networks"]
         self._cold, self._hosts, self._dirs = cold, hot["hosts"], hot["dirs"]
 
     def put(self, name: str, entry: Entry | None) -> None:

@@ -4,6 +4,10 @@ ID, ifname), so that no input becomes a path."""
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Container
+
 RECORD_PREFIX = "r-"
 RECORD_SUFFIX = ".json"
 # Larger than any record the builders can make with the limits of state/record.py (every string escaped to
@@ -27,6 +31,19 @@ def record_name(network: str, container_id: str, ifname: str) -> str:
 def attachment_name(network: str, container_id: str, ifname: str) -> str:
     """libcni's name of an attachment: its cache entry's file name (`<cacheDir>/results/<this>`)."""
     return f"{network}-{container_id}-{ifname}"
+
+
+class Attached:
+    """The records of a state directory as libcni names attachments (Index.attached): their attachment names,
+    the networks they are of, and the record files' names (whether a key has a record: `holds`)."""
+
+    __slots__ = ("names", "networks", "records")
+
+    def __init__(self, names: set[str], networks: set[str], records: Container[str]) -> None:
+        self.names, self.networks, self.records = names, networks, records
+
+    def holds(self, network: str, container_id: str, ifname: str) -> bool:
+        return record_name(network, container_id, ifname) in self.records
 
 
 def is_record_name(name: str) -> bool:

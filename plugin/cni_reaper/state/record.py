@@ -284,7 +284,7 @@ class Record(Part):
     def __init__(self, network: str, container_id: str, ifname: str, current: Life, earlier: tuple[Life, ...],
                  cni_args: dict[str, str], settings: RecordSettings | None, deleted: Tombstone | None = None,
                  left: Left | None = None, plugin_version: str = __version__, schema: int = SCHEMA,
-                 written_by: str | None = __version__) -> None:
+                 written_by: str | None = None) -> None:
         self.schema, self.network, self.container_id, self.ifname = schema, network, container_id, ifname
         self.current, self.earlier, self.cni_args, self.settings = current, earlier, cni_args, settings
         self.plugin_version, self.deleted, self.left, self.written_by = plugin_version, deleted, left, written_by

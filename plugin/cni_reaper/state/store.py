@@ -20,7 +20,7 @@ from cni_reaper import jsonio, log
 from cni_reaper.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from cni_reaper.files import flock_within, holding
 from cni_reaper.state.index import Damaged, Entry, Index
-from cni_reaper.state.names import MAX_RECORD_BYTES, is_record_name, others_in, record_name
+from cni_reaper.state.names import MAX_RECORD_BYTES, Attached, is_record_name, others_in, record_name
 from cni_reaper.state.record import key_of, later_schema, of_document, problem, written_as_read
 from cni_reaper.state.safedir import SafeDir
 from cni_reaper.values import Key
@@ -179,8 +179,8 @@ class Store:
             self.index = self._index_from_records(Index(self.dir), self.dir.scan())
             return self.index.entries_but(but) if but else self.index.entries
 
-    def attached(self) -> set[str]:
-        """libcni's names of every record's attachment (Index.attached; the caller holds the lock)."""
+    def attached(self) -> Attached:
+        """The records as libcni names attachments (Index.attached; the caller holds the lock)."""
         assert self.index is not None, "the index is valid only under the state lock"
         return self.index.attached()
 

@@ -109,6 +109,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a name no encoding can write (a lone surrogate) is written escaped
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     args = parser().parse_args(argv)
     if args.command is None:
         parser().print_help()

@@ -475,8 +475,8 @@ def check_settings_file(path: str) -> list[Finding]:
 
     doc, problem = document(path)
     if problem:
-        return [Finding(FAIL, "settings-file", "", problem, f"make {path} a JSON object root owns and alone may "
-                        "write, or remove it", path)]
+        return [Finding(FAIL, "settings-file", "", problem, f"make {path} one JSON object, each key once, that root "
+                        "owns and alone may write, or remove it", path)]
     if doc is None:
         return []
     from pydantic import ValidationError  # only with a settings file to check: doctor's start is not the timer's

@@ -102,7 +102,7 @@ def _record(inv: Invocation, current: Life, wait: float | None = None) -> bool:
 def _cached_unrecorded(store: Store, conf: Any) -> bool:
     from cni_reaper.reap.engine import cached_unrecorded
 
-    return cached_unrecorded(conf.cniCacheDir, store.attached)
+    return cached_unrecorded(conf.cniCacheDir, store.attached, conf.name)
 
 
 def _sweep(inv: Invocation, store: Store, current: Life) -> None:
