@@ -155,7 +155,7 @@ class Emitter:
         if origin is typing.Literal:
             return _literal(args, v), False
         if origin is typing.Union:
-            return self._union(args, v, depth), False
+            return self._union(args, v, metadata, depth), False
         if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
             return self._list(args[0], v, metadata, depth), False
         if origin is tuple:  # a fixed number of values: a list of them in JSON
@@ -170,11 +170,13 @@ class Emitter:
             return f"{self.model(t)}({v})", True
         raise Unsupported(f"{t}")
 
-    def _union(self, args: tuple, v: str, depth: int) -> str:
+    def _union(self, args: tuple, v: str, metadata: list, depth: int) -> str:
+        """Each option's check, the field's constraints on each (Optional[str] with max_length: a str of
+        at most that length, or None)."""
         options = [a for a in args if a is not type(None)]
         parts = [f"{v} is None"] if len(options) < len(args) else []
         for a in options:
-            expr, nested = self.value(a, v, [], depth)
+            expr, nested = self.value(a, v, metadata, depth)
             expr = f"{expr} is None" if nested else expr
             parts.append(f"({expr})" if " and " in expr and len(args) > 1 else expr)
         return " or ".join(parts)

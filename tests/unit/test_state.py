@@ -761,3 +761,6 @@ def test_an_adds_look_for_unrecorded_attachments_asks_the_records_only_when_libc
     assert unrecorded(cache, lambda: own, "nomad") is True  # nomad's a-b, unrecorded
     entry.write_text("{not json")
     assert unrecorded(cache, lambda: own, "nomad") is True  # cannot tell: the look goes before the answer
+    entry.write_text(json.dumps({"kind": "cniCacheV1", "networkName": "nomad-a", "containerId": "b", "ifName": "eth0",
+                                 "result": {"interfaces": 1, "ips": 2}}))  # read whatever its shape (red team rt48)
+    assert unrecorded(cache, lambda: own, "nomad") is False

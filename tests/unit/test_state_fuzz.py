@@ -72,10 +72,13 @@ def _sealed(hot: bytes, cold: bytes = b"[]", length: int | None = None) -> bytes
 
 def _hot(**kw) -> bytes:
     from cni_reaper.state.index import NAMED
+    from cni_reaper.state.record import SCHEMA
 
     doc = {"fields": NAMED, "names": [], "inos": [], "quick": [], "raw": [], "hosts": [["b", "m", 1, 1]],
            "dirs": [[1, 2, []]], **kw}
     doc.setdefault("attached", ["n-c-eth0"] * len(doc["names"]))
+    doc.setdefault("networks", ["n"])
+    doc.setdefault("recordSchema", SCHEMA)
     return json.dumps(doc).encode()
 
 

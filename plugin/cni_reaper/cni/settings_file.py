@@ -72,12 +72,16 @@ def document(path: str) -> tuple[dict[str, Any] | None, str]:
     except OSError as exc:
         return None, f"{path}: {exc.strerror}; using the defaults"
     twice: list[str] = []
+    loose: dict[int, list[str]] = {}
     try:
-        doc = jsonio.loads(data, lambda pairs: _object(pairs, twice)) if len(data) <= MAX_BYTES else None
+        doc = jsonio.loads(data, lambda pairs: _object(pairs, twice, loose)) if len(data) <= MAX_BYTES else None
     except (ValueError, RecursionError, UnicodeDecodeError):
         doc = None
     if not isinstance(doc, dict):
         return None, f"{path} is not a JSON object (of at most 1 MiB); using the defaults"
+    for k, v in doc.items():  # a network named twice: which one was meant is not known either
+        if fold(k) == "networks" and isinstance(v, dict):
+            twice += loose.get(id(v), [])
     if twice:  # Go takes the last; an operator may have meant the other (an observe): not known, so observe
         return doc, (f"{path} gives {', '.join(sorted(set(twice)))[:200]} twice (in any case) with different "
                      "values: which one was meant is not known, so every wrapped network observes; keep one")
@@ -88,21 +92,27 @@ _FOLDED = {f.lower() for f in FILE_FIELDS}
 _NULL_RESETS = {f.lower() for f in FILE_RESETTABLE}
 
 
-def _object(pairs: list[tuple[str, Any]], twice: list[str]) -> dict[str, Any]:
-    """A JSON object of the settings file, noting in `twice` each key given again with another value: the same
-    key, or one of the file's fields in another case (Go matches them in any case; the names of networks, which
-    Go does not fold, only as written)."""
+def _object(pairs: list[tuple[str, Any]], twice: list[str], loose: dict[int, list[str]]) -> dict[str, Any]:
+    """A JSON object of the settings file, as Go decodes it: a null changes no field but one a null resets.
+    One of the file's fields given again with another value (in any case: Go matches them so) is noted in
+    `twice`; any other key given again (a network's name, or a key no field has: a comment, which Go ignores)
+    in `loose`, by the object, for the caller to tell the networks' apart."""
+    out: dict[str, Any] = {}
     seen: dict[Any, Any] = {}
+    others: list[str] = []
     for k, v in pairs:
         f = fold(k)
         field = f if f in _FOLDED else None
-        if v is None and field not in _NULL_RESETS:  # a null changes no other field (Go): nothing given
-            continue
-        for name in {k, field or k}:
-            if name in seen and seen[name] != v:
-                twice.append(k)
-            seen[name] = v
-    return dict(pairs)
+        if v is None and field is not None and field not in _NULL_RESETS:
+            continue  # Go: a null changes no such field
+        name = field or k
+        if name in seen and seen[name] != v:
+            (twice if field is not None else others).append(k)
+        seen[name] = v
+        out[k] = v
+    if others:
+        loose[id(out)] = others
+    return out
 
 
 def _read_regular(path: str) -> bytes:

@@ -108,7 +108,8 @@ class Cached:
         self.ifname = _str(doc.get("ifName"))
         result = result_of(doc)
         self.ips = sorted(set(_result_ips(result)))
-        interfaces = [i for i in result.get("interfaces") or [] if isinstance(i, dict)]
+        listed = result.get("interfaces")
+        interfaces = [i for i in listed if isinstance(i, dict)] if isinstance(listed, list) else []
         self.veths = _host_veths(interfaces)
         self.netns = _netns_of(doc, interfaces)
 

@@ -178,8 +178,8 @@ def _laid_out(body: dict[str, list[Any]], hosts: list[Any], dirs: list[Any]) -> 
                       digest(ints)])
     cold = [body[n] for n in names]
     names += others
-    hot = {"fields": NAMED, "names": names, "inos": [body[n][AT["ino"]] for n in names], **_attachments(body, names),
-           "quick": quick, "raw": [body[n] for n in others], "hosts": hosts, "dirs": dirs}
+    hot = {"fields": NAMED, "recordSchema": SCHEMA, "names": names, "inos": [body[n][AT["ino"]] for n in names],
+           **_attachments(body, names), "quick": quick, "raw": [body[n] for n in others], "hosts": hosts, "dirs": dirs}
     return seal(jsonio.dumps(hot).encode(), jsonio.dumps(cold).encode())
 
 
@@ -261,6 +261,8 @@ def decode(data: bytes) -> tuple[dict[str, Any], bytes] | str | None:
         return "it holds no entries"
     if hot.get("fields") != NAMED:  # its entries hold other fields (another release's): made anew, as of another version
         return None
+    if hot.get("recordSchema") != SCHEMA:  # written by a release that reads other records (a later schema's, which this
+        return None  # one keeps as they are: only a record read tells): made anew from the records
     return hot, data[m + 8:m + 12] + data[end:]
 
 

@@ -188,7 +188,7 @@ _Record: Fields = (
         ("pluginVersion", lambda v: type(v) is str and len(v) <= 4096, False),
         ("deleted", lambda v: v is None or check_Tombstone(v) is None, False),
         ("left", lambda v: v is None or check_Held(v) is None or check_Left(v) is None, False),
-        ("writtenBy", lambda v: v is None or type(v) is str, False),
+        ("writtenBy", lambda v: v is None or (type(v) is str and len(v) <= 4096), False),
     ),
 )
 

@@ -100,9 +100,17 @@ def _record(inv: Invocation, current: Life, wait: float | None = None) -> bool:
 
 
 def _cached_unrecorded(store: Store, conf: Any) -> bool:
+    """Whether the look at who else maps this ADD's host ports goes before its answer (reap/cache.unrecorded).
+    What it cannot tell (a cache entry that is no object of the shape it reads) says yes: the record is saved
+    by then, and the look before the answer is the safe side."""
     from cni_reaper.reap.engine import cached_unrecorded
 
-    return cached_unrecorded(conf.cniCacheDir, store.attached, conf.name)
+    try:
+        return cached_unrecorded(conf.cniCacheDir, store.attached, conf.name)
+    except Exception as err:  # noqa: BLE001 - never the ADD's bookkeeping: the record is saved
+        log.warn("libcni's cache could not be compared with the records; looking before the answer",
+                 error=f"{type(err).__name__}: {err}"[:200])
+        return True
 
 
 def _sweep(inv: Invocation, store: Store, current: Life) -> None:
