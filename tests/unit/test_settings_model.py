@@ -65,3 +65,17 @@ def test_the_wrapped_calls_reader_and_the_model_agree_on_which_keys_are_the_sett
     assert s.for_network("nomad") == {**s.keys, **{k: getattr(model.networks["nomad"], k)
                                                     for k in model.networks["nomad"].model_fields_set}}
     assert s.cni_path == model.cniPath
+
+
+def test_a_network_named_twice_in_the_settings_file_observes_and_doctor_fails_it(tmp_path):
+    """Go keeps the last of a map's keys given twice; which one the operator meant is not known (the first
+    may be an observe): every wrapped network observes, and doctor names the key."""
+    from cni_reaper.cni.settings_file import load
+    from cni_reaper.state.modes import sources
+    from cni_reaper.tools.doctor import FAIL, check_settings_file
+
+    path = _file(tmp_path, '{"networks": {"nomad": {"mode": "observe"}, "nomad": {"mode": "clean"}}}')
+    s = load({"CNI_REAPER_CONFIG": path})
+    assert s.problem and sources({}, {}, s).of("nomad") == "observe"
+    [f] = check_settings_file(path)
+    assert f.status == FAIL and "nomad" in f.message

@@ -72,7 +72,7 @@ def document(path: str) -> tuple[dict[str, Any] | None, str]:
     except OSError as exc:
         return None, f"{path}: {exc.strerror}; using the defaults"
     twice: list[str] = []
-    loose: dict[int, list[str]] = {}
+    loose: dict[int, tuple[dict[str, Any], list[str]]] = {}
     try:
         doc = jsonio.loads(data, lambda pairs: _object(pairs, twice, loose)) if len(data) <= MAX_BYTES else None
     except (ValueError, RecursionError, UnicodeDecodeError):
@@ -81,7 +81,7 @@ def document(path: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"{path} is not a JSON object (of at most 1 MiB); using the defaults"
     for k, v in doc.items():  # a network named twice: which one was meant is not known either
         if fold(k) == "networks" and isinstance(v, dict):
-            twice += loose.get(id(v), [])
+            twice += loose[id(v)][1] if id(v) in loose else []
     if twice:  # Go takes the last; an operator may have meant the other (an observe): not known, so observe
         return doc, (f"{path} gives {', '.join(sorted(set(twice)))[:200]} twice (in any case) with different "
                      "values: which one was meant is not known, so every wrapped network observes; keep one")
@@ -92,11 +92,12 @@ _FOLDED = {f.lower() for f in FILE_FIELDS}
 _NULL_RESETS = {f.lower() for f in FILE_RESETTABLE}
 
 
-def _object(pairs: list[tuple[str, Any]], twice: list[str], loose: dict[int, list[str]]) -> dict[str, Any]:
+def _object(pairs: list[tuple[str, Any]], twice: list[str],
+            loose: dict[int, tuple[dict[str, Any], list[str]]]) -> dict[str, Any]:
     """A JSON object of the settings file, as Go decodes it: a null changes no field but one a null resets.
     One of the file's fields given again with another value (in any case: Go matches them so) is noted in
     `twice`; any other key given again (a network's name, or a key no field has: a comment, which Go ignores)
-    in `loose`, by the object, for the caller to tell the networks' apart."""
+    in `loose`, by the object (kept there: its id is no other's), for the caller to tell the networks' apart."""
     out: dict[str, Any] = {}
     seen: dict[Any, Any] = {}
     others: list[str] = []
@@ -111,7 +112,7 @@ def _object(pairs: list[tuple[str, Any]], twice: list[str], loose: dict[int, lis
         seen[name] = v
         out[k] = v
     if others:
-        loose[id(out)] = others
+        loose[id(out)] = (out, others)
     return out
 
 
