@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from testkit.cni import conf, invoke, prev_result
+from testkit.settings import read_three_ways
 
 
 def _expected(store):
@@ -78,20 +79,7 @@ def test_a_cached_leak_whose_libcni_name_equals_a_records_is_taken_for_recorded(
             "the unrecorded attachment nomad/a-b was taken for the record of nomad-a/b"
 
 
-def _plain_and_doctor(tmp_path, text):
-    from cni_reaper.cni import settings_file
-    from cni_reaper.judge.modes import ModeSources
-    from cni_reaper.state.modes import sources
-    from cni_reaper.tools.doctor import check_settings_file
-
-    d = tmp_path / "etc"
-    d.mkdir(mode=0o755, exist_ok=True)
-    path = d / "config.json"
-    path.write_text(text)
-    os.chmod(path, 0o644)
-    s = settings_file.load({"CNI_REAPER_CONFIG": str(path)})
-    modes: ModeSources = sources({}, {}, s)
-    return s, modes, check_settings_file(str(path))[0]
+_plain_and_doctor = read_three_ways
 
 
 def test_doctor_says_every_key_is_usable_while_a_later_key_in_another_case_drops_the_files_observe(tmp_path):

@@ -9,23 +9,10 @@ import os
 import pytest
 
 from testkit.cni import conf, invoke, prev_result
-
+from testkit.settings import read_three_ways
 
 # -- the settings file (cni/settings_file.py, 88f5848) ----------------------------------------------------
-def _plain_and_doctor(tmp_path, text):
-    from cni_reaper.cni import settings_file
-    from cni_reaper.judge.modes import ModeSources
-    from cni_reaper.state.modes import sources
-    from cni_reaper.tools.doctor import check_settings_file
-
-    d = tmp_path / "etc"
-    d.mkdir(mode=0o755, exist_ok=True)
-    path = d / "config.json"
-    path.write_text(text)
-    os.chmod(path, 0o644)
-    s = settings_file.load({"CNI_REAPER_CONFIG": str(path)})
-    modes: ModeSources = sources({}, {}, s)
-    return s, modes, check_settings_file(str(path))[0]
+_plain_and_doctor = read_three_ways
 
 
 @pytest.mark.parametrize("text", [
