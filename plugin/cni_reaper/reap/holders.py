@@ -60,9 +60,10 @@ def rule_ports(rule: Rule, every: bool = False) -> set[HostPort]:
     ports: list[int] = []
     for i, tok in enumerate(tokens[:-1]):
         role = _PORT_OPTIONS.get(tok)
-        if role == "ports":
-            ports += _port_list(tokens[i + 1])
-        elif role is not None and (i == 0 or tokens[i - 1] != "!"):  # `! -p tcp` names no protocol
+        negated = i > 0 and tokens[i - 1] == "!"
+        if role == "ports":  # `! --dport 22` matches every port but 22: it holds them all (as far as a port says)
+            ports += [EVERY_PORT] if negated else _port_list(tokens[i + 1])
+        elif role is not None and not negated:  # `! -p tcp` names no protocol, `! -d A` no host IP
             found[role] = tokens[i + 1]
     if every and not ports:
         ports = [EVERY_PORT]
@@ -162,7 +163,8 @@ class PortMap:
             return
         for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []):
             tag = parse_tag(r.comment or "") or ("", "", "")
-            self.mapped += [Mapping(p, tag[2], tag[1] or "") for p in rule_ports(r)]
+            self.mapped += [Mapping(p, tag[2], tag[1] or "", to=to) for p in rule_ports(r)
+                            for to in dnat_targets(nat.chains.get(r.target or "", [])) or [""]]
         if others:
             self.mapped += [Mapping(p, "", by=f"a rule of nat {r.chain}")
                             for r in _foreign_holders(nat) for p in rule_ports(r, every=True)]
@@ -285,9 +287,24 @@ def _foreign_holders(nat: Table) -> list[Rule]:
 
 
 def _holds_port(rule: Rule) -> bool:
-    """A nat rule that gives a host port to someone: a DNAT or REDIRECT matching a destination port, or
-    kube-proxy's jump of a node port to its service."""
+    """A nat rule that gives a host port to someone: a DNAT, REDIRECT or NETMAP (outside the chains where
+    NETMAP maps sources), or kube-proxy's jump of a node port to its service."""
+    if rule.target == "NETMAP":
+        return rule.chain not in ("POSTROUTING", "INPUT")
     return rule.target in ("DNAT", "REDIRECT") or rule.chain == "KUBE-NODEPORTS"
+
+
+def dnat_targets(rules: list[Rule]) -> list[str]:
+    """The addresses the DNAT rules among `rules` send connections to (those of portmap's CNI-DN chain of a
+    container: the address of the life that maps its ports)."""
+    return sorted({a for r in rules if r.target == "DNAT" for a in rule_dnat_addresses(r)})
+
+
+def rule_dnat_addresses(rule: Rule) -> set[str]:
+    """The addresses a DNAT rule sends connections to (`--to-destination`)."""
+    tokens = rule.tokens
+    out = {address(tokens[i + 1]) for i, tok in enumerate(tokens[:-1]) if tok == "--to-destination"}
+    return {a for a in out if a}
 
 
 # how long an ADD waits for the hostport tables to be read: one that hangs (a stuck nft, a lock) leaves who else

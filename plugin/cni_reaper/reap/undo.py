@@ -363,8 +363,28 @@ class _IptablesPlan:
             return why
         if chain == IPTABLES_DNAT_CHAIN:
             ports = rule_ports(rule)
-            return self.ports.shadowed(ports, iptables_owner(rule.comment)) if ports else BROADER
+            if not ports:
+                return BROADER
+            owner = iptables_owner(rule.comment)
+            shadows = (self.ports.shadowed(ports, owner, to) for to in self._sends_to(table, rule.target))
+            return next(filter(None, shadows), None)
         return None if rule_addresses(rule) else BROADER
+
+    def _sends_to(self, table: str, chain: str | None) -> list[str]:
+        """The addresses a put-back jump to `chain` (a container's CNI-DN chain) sends its ports to: the chain's
+        DNAT targets as the clean-up removed it, or as it is when it was not removed ([""]: not known), so
+        that a newer life of the container mapping the port elsewhere, in either world, is told apart."""
+        from cni_reaper.reap.holders import dnat_targets
+        from cni_reaper.reap.netfilter.iptables.rules import parse_rule
+
+        chain = chain or ""
+        specs = self.removed.get((table, chain))
+        if specs is not None:
+            rules = [parse_rule(chain, spec) for spec in specs]
+        else:
+            t = self.tables.get(table)
+            rules = t.chains.get(chain, []) if t is not None else []
+        return dnat_targets(rules) or [""]
 
 
     def _target_conflict(self, table: str, target: str) -> str | None:
