@@ -64,6 +64,14 @@ def pick(obj: dict, names: tuple[str, ...], resettable: Iterable[str] = ()) -> d
     return out
 
 
+def given(obj: dict, name: str) -> list[Any]:
+    """Every value (not null) that `obj` gives field `name` under any key Go takes for it ("mode", "Mode",
+    "MODE"): which one a Go program decodes depends on the keys' order, and libcni re-marshals a plugin's entry
+    with its keys sorted, so a reader of the file and the plugin may each see another."""
+    low = name.lower()
+    return [val for key, val in obj.items() if val is not None and (key == name or fold(key) == low)]
+
+
 def lookup(obj: dict, name: str) -> tuple[bool, Any]:
     """(found, value) of one field of `obj`, by the same rules; `null` counts as found with value None."""
     found, value = False, None

@@ -141,21 +141,27 @@ MODE_VALUES = (None, modes.CLEAN, modes.OBSERVE)
 
 
 def test_a_mode_from_every_source():
+    """Every combination of every source of a network's mode, and the fact whether it has records."""
     network = "n"
-    for known, every, wrapped, top, per, conflist, finder, forced in itertools.product(
+    for known, every, wrapped, top, per, conflist, finder, forced, recorded in itertools.product(
             MODE_VALUES, (None, modes.OBSERVE), (None, "wrapped", *MODE_VALUES[1:]), MODE_VALUES, MODE_VALUES,
-            MODE_VALUES, MODE_VALUES, MODE_VALUES):
+            MODE_VALUES, MODE_VALUES, MODE_VALUES, (False, True)):
         known_map = {k: v for k, v in ((network, known), (modes.EVERY, every)) if v is not None}
         s = modes.ModeSources(known_map, {network: wrapped} if wrapped else {}, top,
-                              {network: per} if per else {}, {network: conflist} if conflist else {}, finder, forced)
+                              {network: per} if per else {}, {network: conflist} if conflist else {}, finder, forced,
+                              frozenset({network}) if recorded else frozenset())
         got = s.of(network)
         chained = conflist is not None or (known is not None and wrapped is None)
+        stated = known is not None or wrapped is not None or conflist is not None or per is not None
         said = [forced, every, known, conflist, per, wrapped] + ([] if chained else [top, finder])
+        said += [modes.OBSERVE] if recorded and not stated else []
         assert got == (modes.OBSERVE if modes.OBSERVE in said else modes.CLEAN), (said, got)
         if modes.OBSERVE in (forced, every, known, conflist, per, wrapped):
             assert got == modes.OBSERVE  # observe from any of the network's own sources wins (its wrapper's too)
         if not chained and modes.OBSERVE in (top, finder):
             assert got == modes.OBSERVE  # a network that never chained cni-reaper: the file's top, the finder's
+        if recorded and not stated:
+            assert got == modes.OBSERVE  # it chained cni-reaper (it has records) in a mode no source says now
 
 
 def test_a_dead_lifes_time_ahead_of_now_bounds_nothing():

@@ -3,6 +3,7 @@ observe, never clean (the second red team of issue 32). Plus the one look at a l
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -188,3 +189,62 @@ def test_a_per_network_entry_that_is_not_an_object_observes_that_network():
         _take(s, {"networks": {"N": bad, "M": {"mode": "clean"}}})
         assert s.for_network("N")["mode"] == "observe" and s.for_network("M")["mode"] == "clean"
         assert s.problem and "networks.N" in s.problem
+
+
+def _cached(tmp_path, network: str, cid: str, entry: dict | None, config: object = None) -> str:
+    """libcni's cache entry of (network, cid) whose cached conflist chains `entry` (None: bridge alone)."""
+    import base64
+
+    plugins = [{"type": "bridge"}] + ([entry] if entry is not None else [])
+    if config is None:
+        config = base64.b64encode(json.dumps({"cniVersion": "1.0.0", "name": network, "plugins": plugins}).encode()).decode()
+    results = tmp_path / "cache" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{network}-{cid}-eth0").write_text(json.dumps(
+        {"kind": "cniCacheV1", "containerId": cid, "config": config, "ifName": "eth0", "networkName": network}))
+    return str(tmp_path / "cache")
+
+
+@pytest.mark.parametrize("entry,config,want", [
+    ({"type": "cni-reaper", "stateDir": "{state}"}, None, "clean"),
+    ({"type": "cni-reaper", "stateDir": "{state}", "mode": "observe"}, None, "observe"),
+    ({"type": "cni-reaper", "stateDir": "/var/lib/cni/reaper-watch"}, None, "observe"),  # another state directory
+    ({"type": "cni-reaper"}, None, "observe"),  # the default state directory, not this one
+    ({"type": "cni-reaper", "stateDir": "{state}", "mode": "clean", "Mode": "observe"}, None, "observe"),
+    (None, None, None),  # no cni-reaper in its conflist: never chained (the finder's mode governs it)
+    ({"type": "cni-reaper", "stateDir": "{state}"}, "not base64!", None),
+    ({"type": "cni-reaper", "stateDir": "{state}"}, "bm90IGpzb24=", None),
+], ids=["same-dir-clean", "same-dir-observe", "other-dir", "default-dir", "mode-twice", "no-reaper", "not-base64",
+        "not-json"])
+def test_the_mode_a_networks_cached_conflist_gives_it(tmp_path, entry, config, want):
+    """A dead attachment found by another network's call, of a network no source here knows: its own
+    conflist, as libcni cached it with the attachment, says whether it chains cni-reaper, where and how (red
+    team rt50: an observed network with its own state directory was cleaned by a clean network's ADD)."""
+    from cni_reaper.reap.cache import chained_modes
+
+    state = str(tmp_path / "state")
+    if entry is not None:
+        entry = {k: v.format(state=state) if isinstance(v, str) else v for k, v in entry.items()}
+    cache = _cached(tmp_path, "watch", "c1", entry, config)
+    got = chained_modes(cache, [("watch", "c1")], state)
+    assert got == ({} if want is None else {"watch": want})
+
+
+def test_a_network_with_records_is_observed_until_its_own_call_says_its_mode(tmp_path):
+    """`.modes` lost or removed (as its warning's fix says): a network that has records is observed by every
+    other network's sweep until its own call notes its mode again (red team rt50). Clean is noted too."""
+    from cni_reaper.state.store import Store
+
+    store = Store(str(tmp_path / "state"), 1).open()
+    try:
+        modes.network_modes(store, Call("n", "clean"))
+        assert json.loads((tmp_path / "state" / ".modes").read_text()) == {"n": "clean"}
+        (tmp_path / "state" / ".modes").unlink()
+        s = modes.sources(*modes.network_modes(store, Call("m", "clean")), None, finder="clean",
+                          recorded=frozenset({"n"}))
+        assert s.of("n") == "observe" and s.of("m") == "clean" and s.of("never-chained") == "clean"
+        s = modes.sources(*modes.network_modes(store, Call("n", "clean")), None, finder="clean",
+                          recorded=frozenset({"n"}))
+        assert s.of("n") == "clean"
+    finally:
+        store.close()

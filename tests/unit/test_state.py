@@ -156,15 +156,14 @@ def test_del_with_unusable_state_dir_still_succeeds(tmp_path):
 
 def test_symlinked_state_dir_is_refused_but_never_fails_an_add(tmp_path):
     """Not followed, and no allocation fails for it: the ADD passes the chain's result through unrecorded (an
-    error in the log); STATUS says the state directory is unusable."""
+    error in the log); STATUS answers, and says in the log that the state directory is unusable."""
     target = tmp_path / "real"
     target.mkdir()
     (tmp_path / "link").symlink_to(target)
     rc, out = invoke("ADD", conf(tmp_path / "link"))
     assert rc == 0 and out["ips"]
     assert list(target.iterdir()) == []
-    rc, out = invoke("STATUS", conf(tmp_path / "link", "1.1.0", prev=None))
-    assert rc == 1 and out["code"] == 50 and "symlink" in out["msg"]
+    assert_status_says(tmp_path, conf(tmp_path / "link", "1.1.0", prev=None), "symlink")
 
 
 def test_loose_state_dir_mode_is_tightened(tmp_path):
@@ -269,16 +268,26 @@ def test_status_succeeds_when_add_can_be_served(tmp_path):
     assert not (tmp_path / "s").exists(), "STATUS must not create anything"
 
 
-def test_status_fails_only_when_add_could_not_be_served(tmp_path, monkeypatch):
-    """An unusable state directory: code 50, with the reason. No iptables at all: STATUS still succeeds
-    (Nomad skips an allocation's whole DEL when STATUS fails; a clean-up that cannot run waits instead)."""
+def assert_status_says(tmp_path, c: dict, problem: str) -> None:
+    """STATUS succeeds with an unusable state directory (Nomad refuses every ADD and skips an allocation's
+    whole DEL when STATUS fails; the ADD is served unrecorded), and its log line names the problem and fix."""
+    log_file = tmp_path / "status.log"
+    log_file.unlink(missing_ok=True)
+    assert invoke("STATUS", {**c, "logFile": str(log_file)}) == (0, None)
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+    said = [ln for ln in lines if ln.get("level") == "error" and problem in ln.get("problem", "")]
+    assert said and "stateDir" in said[0]["fix"], lines
+
+
+def test_status_never_fails_for_the_state_directory_nor_for_a_clean_up(tmp_path, monkeypatch):
+    """An unusable state directory: STATUS answers, an error in the log with the reason. No iptables at all:
+    STATUS succeeds too (Nomad skips an allocation's whole DEL when STATUS fails; a clean-up that cannot run
+    waits instead)."""
     (tmp_path / "file").write_text("")
-    rc, out = invoke("STATUS", conf(tmp_path / "file", "1.1.0", prev=None))
-    assert rc == 1 and out["code"] == 50 and "not a directory" in out["msg"] and "stateDir" in out["details"]
+    assert_status_says(tmp_path, conf(tmp_path / "file", "1.1.0", prev=None), "not a directory")
     (tmp_path / "other").mkdir()
     os.chown(tmp_path / "other", 1234, 1234)
-    rc, out = invoke("STATUS", conf(tmp_path / "other", "1.1.0", prev=None))
-    assert rc == 1 and out["code"] == 50 and "owned by uid 1234" in out["msg"]
+    assert_status_says(tmp_path, conf(tmp_path / "other", "1.1.0", prev=None), "owned by uid 1234")
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr("cni_reaper.reap.netfilter.flavour.FALLBACK_PATH", str(tmp_path))
     assert invoke("STATUS", conf(tmp_path / "s", "1.1.0", prev=None)) == (0, None)
@@ -335,15 +344,14 @@ def test_a_record_owned_by_another_user_is_quarantined(tmp_path, capfd):
     assert list(state.glob("*.corrupt")) and "owned by uid 65534" in capfd.readouterr().err
 
 
-def test_a_state_dir_owned_by_another_user_is_refused_and_only_status_says_so(tmp_path):
+def test_a_state_dir_owned_by_another_user_is_refused_and_no_verb_fails_for_it(tmp_path):
     state = tmp_path / "s"
     state.mkdir(mode=0o700)
     os.chown(state, 65534, 65534)
     rc, out = invoke("ADD", conf(state))
     assert rc == 0 and out["ips"] and list(state.iterdir()) == []  # not followed, and no allocation fails for it
     assert invoke("DEL", conf(state)) == (0, None)
-    rc, out = invoke("STATUS", conf(state, "1.1.0", prev=None))
-    assert rc == 1 and out["code"] == 50 and "owned by uid 65534" in out["msg"]
+    assert_status_says(tmp_path, conf(state, "1.1.0", prev=None), "owned by uid 65534")
 
 
 FULL_DISK = r"""
@@ -701,8 +709,7 @@ def test_a_state_dir_writable_by_others_is_refused_never_tightened(tmp_path):
     rc, out = invoke("ADD", conf(state))
     assert rc == 0 and out["ips"] and list(state.iterdir()) == []
     assert stat.S_IMODE(state.stat().st_mode) == 0o777
-    rc, out = invoke("STATUS", conf(state, "1.1.0", prev=None))
-    assert rc == 1 and out["code"] == 50 and "writable by its group or others" in out["msg"]
+    assert_status_says(tmp_path, conf(state, "1.1.0", prev=None), "writable by its group or others")
 
 
 def test_the_index_names_every_records_attachment_without_making_an_entry(tmp_path):

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 from cni_reaper.cni.ipaddr import parse_ip
 from cni_reaper.errors import INVALID_CONFIG, CniError
-from cni_reaper.gojson import pick
+from cni_reaper.gojson import given, pick
 
 DEFAULT_STATE_DIR = "/var/lib/cni/reaper"
 DEFAULT_IPAM_DATA_DIR = "/var/lib/cni/networks"
@@ -209,6 +209,13 @@ def mode_of(v: dict[str, Any], warnings: list[str]) -> str:
     return mode
 
 
+def _twice(warnings: list[str]) -> str:
+    """The mode of an entry that gives it twice, with different values (under keys of another case: which one
+    counts depends on who reads the file): observe, the safe side."""
+    warnings.append("mode is given more than once, with different values; observing (nothing is removed)")
+    return "observe"
+
+
 def _lock_timeout(v: dict[str, Any], warnings: list[str]) -> float:
     t = v.get("lockTimeout", 0)
     if (not _is_int(t) and not isinstance(t, float)) or t != t or t < 0 or t > MAX_LOCK_TIMEOUT:
@@ -245,7 +252,7 @@ def parse(raw: dict[str, Any], top: dict[str, Any] | None = None, lenient: bool 
     c.cniCacheDir = _own_path(v, "cniCacheDir", DEFAULT_CNI_CACHE_DIR, warnings)
     c.logFile = _own_path(v, "logFile", DEFAULT_LOG_FILE, warnings, empty_ok=True)
     c.backend = _backend(v, warnings)
-    c.mode = mode_of(v, warnings)
+    c.mode = mode_of(v, warnings) if len({repr(m) for m in given(raw, "mode")}) < 2 else _twice(warnings)
     c.lockTimeout = _lock_timeout(v, warnings)
     c.prevResult = _prev_result(v, lenient, warnings)
     caps = v.get("capabilities")

@@ -7,13 +7,17 @@ the mode its calls last said (`wrapped`, `.wrapped`), the settings file of wrapp
 `file_top`, and its per-network modes, `file_networks`; a file that cannot be used says observe), the
 conflists the CLI reads here (`conflists`: network -> its cni-reaper entry's mode), a mode forced for the whole
 pass (`forced`: the CLI's, a wrapper's),
-and the call that found the target (`finder`: its network's mode).
+and the call that found the target (`finder`: its network's mode); one fact besides: the networks that have
+records in the state directory (`recorded`).
 
 A network that chains cni-reaper in a conflist has that conflist's mode (as its calls noted it, or as the
 CLI reads it). Every other network (wrapped, or one that never chained cni-reaper: leaks from before the
 installation, another network's leftovers found by a port's look) is governed by the settings file's top
 level, and, when it never chained cni-reaper, by the mode of the call that found it too: an operator who
-configured observe only gets nothing removed anywhere.
+configured observe only gets nothing removed anywhere. A network that has records chained cni-reaper (only
+its calls make them): while no source says its mode (`.modes` lost or removed, its conflist gone from the
+CLI's view) it is observed, never governed by the call that found it, until its own call says its mode again
+(or the settings file names it).
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ EVERY = "*"  # in `known`: the modes file could not be read, so every network is
 class ModeSources:
     """Every source of a pass's modes (the module's docstring); values only."""
 
-    __slots__ = ("conflists", "file_networks", "file_top", "finder", "forced", "known", "wrapped")
+    __slots__ = ("conflists", "file_networks", "file_top", "finder", "forced", "known", "recorded", "wrapped")
 
     def __init__(self, known: dict[str, str] | None = None, wrapped: dict[str, str] | None = None,
                  file_top: str | None = None, file_networks: dict[str, str] | None = None,
-                 conflists: dict[str, str] | None = None, finder: str | None = None, forced: str | None = None) -> None:
+                 conflists: dict[str, str] | None = None, finder: str | None = None, forced: str | None = None,
+                 recorded: frozenset[str] = frozenset()) -> None:
         self.known = dict(known or {})
         self.wrapped = dict(wrapped or {})
         self.file_top = file_top
@@ -37,6 +42,12 @@ class ModeSources:
         self.conflists = dict(conflists or {})
         self.finder = finder
         self.forced = forced
+        self.recorded = recorded
+
+    def also_chained(self, conflists: dict[str, str]) -> ModeSources:
+        """These sources with more networks' own conflist modes (a network's conflist as libcni cached it)."""
+        return ModeSources(self.known, self.wrapped, self.file_top, self.file_networks,
+                           {**conflists, **self.conflists}, self.finder, self.forced, self.recorded)
 
     def of(self, network: str) -> str:
         return mode_of(network, self)
@@ -55,10 +66,17 @@ def chained(network: str, s: ModeSources) -> bool:
     return network in s.conflists or (network in s.known and network not in s.wrapped)
 
 
+def stated(network: str, s: ModeSources) -> bool:
+    """Whether a source names `network`'s own mode (its calls' word, its conflist, the settings file's entry)."""
+    return network in s.known or network in s.wrapped or network in s.conflists or network in s.file_networks
+
+
 def mode_of(network: str, s: ModeSources) -> str:
     """CLEAN or OBSERVE for a target of `network` (module docstring)."""
     said = [s.forced, s.known.get(EVERY), s.known.get(network), s.conflists.get(network), s.file_networks.get(network),
             s.wrapped.get(network)]
     if not chained(network, s):
         said += [s.file_top, s.finder]
+    if network in s.recorded and not stated(network, s):
+        said.append(OBSERVE)  # it chained cni-reaper in a mode nobody says now: not the finder's to decide
     return OBSERVE if OBSERVE in said else CLEAN

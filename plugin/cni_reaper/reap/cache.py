@@ -184,6 +184,58 @@ def entries(cache_dir: str, network: str, container_id: str) -> list[Cached] | N
     return [e for _, e in results.read(network, container_id) if e is not None and _of(e, network, container_id)]
 
 
+def chained_modes(cache_dir: str, keys: list[tuple[str, str]], state_dir: str) -> dict[str, str]:
+    """network -> the mode its cni-reaper entry gives it in the conflist libcni cached with an attachment of
+    (network, container ID) of `keys` (libcni keeps the network's configuration in each entry): for a network
+    that chains cni-reaper but is not known here, when its attachment's leftovers are found by a call of
+    another network. Observe when that entry keeps another state directory (its own cni-reaper judges it) or
+    gives the mode twice; networks whose cached conflist chains no cni-reaper, or cannot be read, are left out."""
+    out: dict[str, str] = {}
+    for network, container_id in keys:
+        for e in entries(cache_dir, network, container_id) or []:
+            mode = _chained_mode(e.doc.get("config"), state_dir)
+            if mode is not None:
+                out[network] = "observe" if "observe" in (mode, out.get(network)) else mode
+    return out
+
+
+def _chained_mode(config: Any, state_dir: str) -> str | None:
+    """The mode of the cni-reaper entries of a cached network configuration (base64 of the conflist's bytes;
+    observe when any entry says it), None when it chains none."""
+    found = [_entry_mode(e, state_dir) for e in _cached_plugins(config)]
+    modes = [m for m in found if m is not None]
+    return ("observe" if "observe" in modes else modes[0]) if modes else None
+
+
+def _cached_plugins(config: Any) -> list[Any]:
+    """The plugin entries of a cached network configuration ([] when it cannot be read as a conflist)."""
+    import base64
+    import binascii
+
+    from cni_reaper.gojson import pick
+
+    try:
+        conflist = jsonio.loads(base64.b64decode(config, validate=True)) if isinstance(config, str) else None
+    except (ValueError, binascii.Error, RecursionError, UnicodeDecodeError):
+        return []
+    plugins = pick(conflist, ("plugins",)).get("plugins") if isinstance(conflist, dict) else None
+    return plugins if isinstance(plugins, list) else []
+
+
+def _entry_mode(entry: Any, state_dir: str) -> str | None:
+    """The mode of one cached plugin entry when it is cni-reaper's: observe when it keeps another state
+    directory (its own cni-reaper judges its attachments) or gives the mode twice; None for another plugin."""
+    from cni_reaper.cni.conf import DEFAULT_STATE_DIR, mode_of
+    from cni_reaper.gojson import given, pick
+
+    v = pick(entry, ("type", "mode", "stateDir")) if isinstance(entry, dict) else {}
+    if v.get("type") != "cni-reaper":
+        return None
+    own = v.get("stateDir") or DEFAULT_STATE_DIR
+    elsewhere = not isinstance(own, str) or os.path.realpath(own) != os.path.realpath(state_dir)
+    return "observe" if elsewhere or len({repr(m) for m in given(entry, "mode")}) > 1 else mode_of(v, [])
+
+
 class Results:
     """One cache's results directory, listed once and kept sorted: a sweep of many dead attachments looks up
     each one's entries by name prefix (a bisection), not with a listing of the whole directory each. `names`

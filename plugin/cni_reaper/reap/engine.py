@@ -191,7 +191,7 @@ def gc_pass(store: Store, conf: Any, valid: set[tuple[str, str]]) -> Outcome:
     recorded = {(r.network, r.container_id) for r in mine}
     sel.extra = orphans.not_valid(conf, recorded, lambda cid: holds(valid, cid, ""))
     sel.extra += orphans.unheld_reservations(conf, lambda cid, ifn: holds(valid, cid, ifn) or holds(live, cid, ifn))
-    return sweep(store, conf, sel, modes=sweep_modes(network_modes(store, conf), conf))
+    return sweep(store, conf, sel, modes=sweep_modes(network_modes(store, conf), conf, store))
 
 
 def operator_pass(store: Store | None, conf: Any, records: list[Record], view: View, confs: dict[str, Any],

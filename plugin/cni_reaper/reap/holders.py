@@ -156,15 +156,10 @@ class PortMap:
     def add_iptables(self, tables: dict[str, Table], others: bool = False) -> None:
         """The hostport DNAT chain's mappings; with `others`, also every other nat chain's that holds a host
         port and is no plugin's (Docker's DOCKER, kube-proxy's KUBE-NODEPORTS, an operator's DNAT or REDIRECT)."""
-        from cni_reaper.reap.netfilter.iptables.plan import parse_tag
-
         nat = tables.get("nat")
         if nat is None:
             return
-        for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []):
-            tag = parse_tag(r.comment or "") or ("", "", "")
-            self.mapped += [Mapping(p, tag[2], tag[1] or "", to=to) for p in rule_ports(r)
-                            for to in dnat_targets(nat.chains.get(r.target or "", [])) or [""]]
+        self.mapped += _hostport_mappings(nat)
         if others:
             self.mapped += [Mapping(p, "", by=f"a rule of nat {r.chain}")
                             for r in _foreign_holders(nat) for p in rule_ports(r, every=True)]
@@ -284,6 +279,19 @@ def _foreign_holders(nat: Table) -> list[Rule]:
     """The rules of nat chains that are no plugin's (the plugins' own are reached through the tagged jumps of
     the hostport chain) that give a host port to someone."""
     return [r for chain, rules in nat.chains.items() if not chain.startswith("CNI-") for r in rules if _holds_port(r)]
+
+
+def _hostport_mappings(nat: Table) -> list[Mapping]:
+    """The mappings of the hostport DNAT chain: each jump's ports, the container its tag names, and the
+    address its container's CNI-DN chain sends them to (one mapping per address; "" when none is read)."""
+    from cni_reaper.reap.netfilter.iptables.plan import parse_tag
+
+    out = []
+    for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []):
+        tag = parse_tag(r.comment or "") or ("", "", "")
+        out += [Mapping(p, tag[2], tag[1] or "", to=to) for p in rule_ports(r)
+                for to in dnat_targets(nat.chains.get(r.target or "", [])) or [""]]
+    return out
 
 
 def _holds_port(rule: Rule) -> bool:

@@ -276,10 +276,13 @@ def targets_of(sel: Selection) -> list[Target]:
 
 # -- the sweep ----------------------------------------------------------------------------------------
 def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False, backend_for: Any = None,
-          modes: ModeSources | None = None) -> Outcome:
+          modes: ModeSources | None = None, ipam_wait: float | None = None) -> Outcome:
     """Clean what the selection's dead lives and extra targets left behind, then settle the records. The
     caller holds the state lock; `store` None: there are no records (only extra targets). `modes`: network ->
-    clean or observe; what a network in observe mode would lose is planned and reported, never removed."""
+    clean or observe; what a network in observe mode would lose is planned and reported, never removed.
+    `ipam_wait`: how long host-local's locks are waited for (None: lockTimeout, an operator's or GC's sweep; a
+    verb's, the most it may delay its allocation: then a dry run for an observed network does not wait at all);
+    a lock held longer keeps what it guards, and its record, for a later call."""
     from cni_reaper.reap.outcome import Outcome
     from cni_reaper.state.journal import Journal
 
@@ -289,9 +292,11 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
         out.unknown = dict(sel.view.blind)
         return out
     started = time.monotonic()
-    watching = _watching(sel, targets, modes)
+    watching = _watching(sel, targets, modes, getattr(conf, "stateDir", None) or "")
     journal = Journal(store) if store is not None and not dry_run else None
-    outcome = _cleaned(store, conf.lockTimeout, sel, targets, watching, dry_run, backend_for, journal)
+    waits = ((conf.lockTimeout, conf.lockTimeout) if ipam_wait is None
+             else (min(conf.lockTimeout, ipam_wait), 0.0))
+    outcome = _cleaned(store, waits, sel, targets, watching, dry_run, backend_for, journal)
     _note_unproven(sel, outcome)
     outcome.unknown = dict(sel.view.blind)
     if journal is not None and store is not None:
@@ -299,23 +304,45 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
     return outcome
 
 
-def _watching(sel: Selection, targets: list[Target], modes: ModeSources | None) -> set[str]:
+def _watching(sel: Selection, targets: list[Target], modes: ModeSources | None, state_dir: str) -> set[str]:
     """The networks of this sweep in observe mode (judge/modes: the one answer)."""
     networks = {j.key.network for j in sel.judged} | {t.network for t in targets}
-    return {n for n in networks if modes is not None and modes.observing(n)}
+    if modes is None:
+        return set()
+    modes = _with_cached_conflists(modes, targets, state_dir)
+    return {n for n in networks if modes.observing(n)}
 
 
-def _cleaned(store: Store | None, lock_timeout: float, sel: Selection, targets: list[Target], watching: set[str],
-             dry_run: bool, backend_for: Any, journal: Any) -> Outcome:
-    """Clean the targets of networks in clean mode; plan (a dry run) those of networks in observe mode."""
+def _with_cached_conflists(modes: ModeSources, targets: list[Target], state_dir: str) -> ModeSources:
+    """`modes` with, for the targets of networks no source here knows, the mode their own conflist gives as
+    libcni cached it with their attachment (a network that chains cni-reaper with another state directory, or
+    in a conflist the CLI does not read: reap/cache.chained_modes)."""
+    from cni_reaper.judge.modes import stated
+
+    by_cache: dict[str, list[tuple[str, str]]] = {}
+    for t in targets:
+        if t.cache_dir and not stated(t.network, modes) and t.network not in modes.recorded:
+            by_cache.setdefault(t.cache_dir, []).append((t.network, t.container_id))
+    if by_cache:
+        from cni_reaper.reap.cache import chained_modes
+
+        for cache_dir, keys in by_cache.items():
+            modes = modes.also_chained(chained_modes(cache_dir, sorted(set(keys)), state_dir))
+    return modes
+
+
+def _cleaned(store: Store | None, waits: tuple[float, float], sel: Selection, targets: list[Target],
+             watching: set[str], dry_run: bool, backend_for: Any, journal: Any) -> Outcome:
+    """Clean the targets of networks in clean mode; plan (a dry run) those of networks in observe mode. `waits`:
+    how long host-local's locks are waited for by each."""
     from cni_reaper.reap.cleanup import CleanupOptions, clean
 
     data_dirs = [*sel.data_dirs, *DEFAULT_IPAM_DIRS]
     outcome = clean([t for t in targets if t.network not in watching], sel.holders,
-                    CleanupOptions(data_dirs, lock_timeout, backend_for, dry_run, journal, log.field("verb")))
+                    CleanupOptions(data_dirs, waits[0], backend_for, dry_run, journal, log.field("verb")))
     watched = [t for t in targets if t.network in watching]
     if watched:
-        seen = clean(watched, sel.holders, CleanupOptions(data_dirs, lock_timeout, backend_for, dry_run=True))
+        seen = clean(watched, sel.holders, CleanupOptions(data_dirs, waits[1], backend_for, dry_run=True))
         _observed(store if not dry_run else None, sel, seen, outcome)
     return outcome
 
@@ -516,11 +543,16 @@ def network_modes(store: Store, conf: Any) -> tuple[dict[str, str] | None, dict[
     return modes.network_modes(store, conf)
 
 
-def sweep_modes(noted: tuple[dict[str, str] | None, dict[str, str] | None], conf: Any) -> ModeSources:
+def sweep_modes(noted: tuple[dict[str, str] | None, dict[str, str] | None], conf: Any, store: Store) -> ModeSources:
     """The modes of a verb's sweep (judge/modes): state/modes.verb_sources."""
     from cni_reaper.state import modes
 
-    return modes.verb_sources(noted, conf)
+    return modes.verb_sources(noted, conf, store)
+
+
+# seconds a verb's sweep waits for host-local's lock of a network (its own network's plugins have let it go by
+# then: another process holds it, for milliseconds when it is host-local): what stays held is for a later call
+VERB_IPAM_WAIT = 1.0
 
 
 def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), extra: list[Target] | None = None,
@@ -541,7 +573,7 @@ def sweep_quietly(store: Store, conf: Any, exclude: frozenset = frozenset(), ext
             return None
         sel = select_indexed(store, view, conf, exclude)
         sel.extra = list(extra or ())
-        return sweep(store, conf, sel, modes=sweep_modes(noted, conf))
+        return sweep(store, conf, sel, modes=sweep_modes(noted, conf, store), ipam_wait=VERB_IPAM_WAIT)
     except Exception as exc:  # noqa: BLE001 - a sweep never fails the verb that runs it
         log.warn("sweep failed; will retry on a later call", error=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
         return None

@@ -2,8 +2,9 @@
 
 - `.modes`: each network's mode (clean or observe) as its own calls last said it, so that a sweep run by
   another network's call, or by the CLI, treats that network's dead attachments as their network says:
-  observed, not removed. Read by every call's sweep (stale or not), written only when a network's mode
-  changes, durably: if it were lost, a network in observe mode would be cleaned by others' sweeps.
+  observed, not removed. Read by every call's sweep (stale or not), written only when a network's mode is
+  first said or changes, durably. A network that has records and no mode here (the file lost or removed) is
+  observed until its own call says its mode again (judge/modes): others' sweeps never decide it.
 - `.wrapped`: the networks a wrapper (wrap mode) has served, each with the mode its wrapper's calls last said
   (from the settings file); the settings file's top-level mode governs them (judge/modes).
 - `.booted`: for each network, the boot in which an ADD of it last looked at libcni's cached attachments that
@@ -56,9 +57,9 @@ def modes(store: Store) -> dict[str, str] | None:
 
 
 def remember_mode(store: Store, known: dict[str, str] | None, network: str, mode: str) -> None:
-    """Note a network's mode when it differs from what the file says (the caller holds the lock; nothing is
-    noted over a file that cannot be read)."""
-    if known is None or known.get(network, "clean") == mode:
+    """Note a network's mode when the file does not say it yet, or says another (the caller holds the lock;
+    nothing is noted over a file that cannot be read)."""
+    if known is None or known.get(network) == mode:
         return
     known[network] = mode
     try:
@@ -115,23 +116,31 @@ def wrapped_networks(store: Store) -> dict[str, str] | None:
     return wrapped
 
 
-def verb_sources(noted: tuple[dict[str, str] | None, dict[str, str] | None], conf: Any) -> ModeSources:
-    """The modes of a verb's pass: the state directory's word (network_modes), the settings file's, and this
-    call's network's mode for what it finds of networks that never chained cni-reaper."""
-    return sources(*noted, file_of(conf), finder=conf.mode)
+def verb_sources(noted: tuple[dict[str, str] | None, dict[str, str] | None], conf: Any, store: Store) -> ModeSources:
+    """The modes of a verb's pass: the state directory's word (network_modes) and records, the settings file's,
+    and this call's network's mode for what it finds of networks that never chained cni-reaper."""
+    return sources(*noted, file_of(conf), finder=conf.mode, recorded=recorded_networks(store))
 
 
 def observing(store: Store, conf: Any, network: str) -> bool:
     """Whether a verb's pass would observe `network` (read only: nothing noted)."""
-    return verb_sources((modes(store), wrapped_networks(store)), conf).observing(network)
+    return verb_sources((modes(store), wrapped_networks(store)), conf, store).observing(network)
+
+
+def recorded_networks(store: Store | None) -> frozenset[str]:
+    """The networks that have records in the state directory (the index's word, read under the state lock;
+    none known without it)."""
+    return frozenset(store.attached().networks) if store is not None and store.index is not None else frozenset()
 
 
 def sources(known: dict[str, str] | None, wrapped: dict[str, str] | None, file: Any, finder: str | None = None,
-            conflists: dict[str, str] | None = None, forced: str | None = None) -> ModeSources:
+            conflists: dict[str, str] | None = None, forced: str | None = None,
+            recorded: frozenset[str] = frozenset()) -> ModeSources:
     """Every source of a pass's modes (judge/modes.ModeSources): the state directory's word (`known`, `wrapped`:
-    network_modes), the settings file of wrapped networks (`file`, cni.settings_file.SettingsFile, or None: its top
-    level and its networks; a file that cannot be used says observe), and the caller's: the mode of the call that
-    found the targets (`finder`), the conflists the CLI reads (`conflists`), a mode forced for the pass."""
+    network_modes) and the networks it has records of (`recorded`), the settings file of wrapped networks (`file`,
+    cni.settings_file.SettingsFile, or None: its top level and its networks; a file that cannot be used says
+    observe), and the caller's: the mode of the call that found the targets (`finder`), the conflists the CLI
+    reads (`conflists`), a mode forced for the pass."""
     from cni_reaper.cni.conf import mode_of
     from cni_reaper.judge.modes import EVERY, ModeSources
 
@@ -141,7 +150,7 @@ def sources(known: dict[str, str] | None, wrapped: dict[str, str] | None, file: 
     if file is not None:
         top = "observe" if file.problem else mode_of(file.keys, [])
         per = {n: "observe" if file.problem else mode_of(file.for_network(n), []) for n in file.networks}
-    return ModeSources(known, wrapped or {}, top, per, conflists, finder, forced)
+    return ModeSources(known, wrapped or {}, top, per, conflists, finder, forced, recorded)
 
 
 def file_of(conf: Any) -> Any:

@@ -180,7 +180,8 @@ def modes_of(store, group: list[Context], settings) -> ModeSources:
     wrapped = modes.wrapped_networks(store) if store is not None else {}
     conflists = {c.network: c.conf.mode for c in group if c.network and c.keeping is not None}
     bare = any(c.network is None and c.conf.mode == "observe" for c in group)  # no conflist: the settings say observe
-    return modes.sources(known, wrapped, settings, conflists=conflists, forced="observe" if bare else None)
+    return modes.sources(known, wrapped, settings, conflists=conflists, forced="observe" if bare else None,
+                         recorded=modes.recorded_networks(store))
 
 
 class NoLock:

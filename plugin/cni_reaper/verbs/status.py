@@ -1,9 +1,11 @@
 """STATUS: can an ADD be served? A readiness question, answered at once: a few stat calls, and with nothing
 stale no subprocess (Nomad 1.9.5+ calls it before every ADD and DEL).
 
-Only an unusable state directory makes STATUS fail: Nomad (1.9.5+) skips the whole DEL of an allocation when
-STATUS fails, so a clean-up that cannot run (iptables missing or broken, the xtables lock held) is logged by
-the sweep and retried later, never reported as "unavailable". Its sweep is the one a recreate needs (the
+cni-reaper's STATUS never fails: Nomad (1.9.5+) refuses every ADD and skips the whole DEL of an allocation
+when STATUS fails, and an ADD is served whatever cni-reaper's own state (its bookkeeping never fails one: an
+unusable state directory, read-only, a symlink, another user's, means unrecorded attachments, an error in the
+log and doctor's `state-dir` FAIL). A clean-up that cannot run (iptables missing or broken, the xtables lock
+held) is logged by the sweep and retried later, never reported as "unavailable". Its sweep is the one a recreate needs (the
 old life's reservation released before bridge's ADD), and runs only when the state lock is free: STATUS
 waits for it LOCK_WAIT at most (another allocation's call holds it for milliseconds), never `lockTimeout`
 (an operator's `sweep --apply --lock-timeout 60` holds it for as long as it runs); when it stays held the
@@ -26,16 +28,18 @@ if TYPE_CHECKING:
     from cni_reaper.reap.engine import View
 
 from cni_reaper import log
-from cni_reaper.errors import STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
+from cni_reaper.errors import TRY_AGAIN_LATER, CniError
 from cni_reaper.state.safedir import problem as state_dir_problem
 
 
 def run(inv: Invocation) -> None:
     conf = inv.conf
     problem = state_dir_problem(conf.stateDir)
-    if problem:
-        raise CniError(STATUS_NOT_AVAILABLE, f"cni-reaper cannot serve ADD: {problem}",
-                       "make stateDir a directory of root's (mode 0700), or point stateDir at one, then retry")
+    if problem:  # the allocations go on unrecorded: said, never failed (Nomad would refuse every ADD)
+        log.error("the state directory cannot be used: attachments are not recorded, and nothing is swept",
+                  problem=problem, fix="make stateDir a writable directory of root's (mode 0700), or point stateDir "
+                  "at one; `cni-reaper doctor` checks it")
+        return None
     _sweep(conf)
     return None
 
@@ -89,7 +93,7 @@ def _locked_sweep(conf: Any, view: View) -> None:
                 deadline = time.monotonic() + conf.lockTimeout
             if not _wait_more(conf, deadline, err):
                 return
-        except Exception as exc:  # noqa: BLE001 - STATUS fails only for an unusable state directory (code 50)
+        except Exception as exc:  # noqa: BLE001 - STATUS never fails
             log.warn("STATUS's sweep failed; the next call sweeps", error=f"{type(exc).__name__}: {exc}")
             return
 
