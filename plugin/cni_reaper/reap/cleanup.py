@@ -34,13 +34,14 @@ APPLY_ATTEMPTS = 3
 
 class CleanupOptions:
     """What a clean-up needs to know beyond its targets: every data dir where reservations may be (for the
-    claims), the lock timeout, and the test hook for backends."""
+    claims), the lock timeout (what host-local's locks are held for: files.holding), how long each of them is
+    waited for (`lock_wait`; None: the lock timeout), and the test hook for backends."""
 
     def __init__(self, data_dirs: list[str], lock_timeout: float, backend_for: Any = None, dry_run: bool = False,
-                 journal: Journal | None = None, verb: str = "") -> None:
+                 journal: Journal | None = None, verb: str = "", lock_wait: float | None = None) -> None:
         self.data_dirs = list(dict.fromkeys(data_dirs))
         self.lock_timeout, self.backend_for, self.dry_run = lock_timeout, backend_for, dry_run
-        self.journal, self.verb = journal, verb
+        self.journal, self.verb, self.lock_wait = journal, verb, lock_wait
 
     def note(self, items: list[dict[str, Any]], dumped: list[str] | None = None) -> str | None:
         """Journal what is about to be removed, before it is (None: no journal, e.g. a dry run; `dumped`: the
@@ -75,7 +76,7 @@ def _clean_locked(targets: list[Target], holders: dict[Key, set[str]], options: 
     the targets narrowed, the rules removed, the conntrack entries cleared, the reservations released."""
     target_dirs = {(e.data_dir, t.network) for t in targets for e in t.expect.values()}
     target_dirs |= {(d, t.network) for t in targets for d in options.data_dirs}
-    with locked_dirs(target_dirs, options.lock_timeout) as dirs:
+    with locked_dirs(target_dirs, options.lock_timeout, options.lock_wait) as dirs:
         others = [NetworkDir(d, n) for d in options.data_dirs for n in networks_in(d) if (d, n) not in dirs]
         try:
             claims = Claims(targets, holders, [*dirs.values(), *others])

@@ -253,8 +253,9 @@ class locked_dirs:  # lower case: used as a function, `with locked_dirs(pairs, t
     then network); a directory reached by two paths is locked once and answers for both. All are let go (in
     the reverse order) on the way out, and those already held when one cannot be had."""
 
-    def __init__(self, pairs: Iterable[tuple[str, str]], timeout: float) -> None:
+    def __init__(self, pairs: Iterable[tuple[str, str]], timeout: float, wait: float | None = None) -> None:
         self.pairs, self.timeout = set(pairs), timeout
+        self.wait = timeout if wait is None else min(wait, timeout)  # each lock waited for (then CniError 11)
         self.held: list[NetworkDir] = []
         self.hold = holding(timeout, "host-local's locks")  # every allocation of the networks waits for them
 
@@ -269,7 +270,7 @@ class locked_dirs:  # lower case: used as a function, `with locked_dirs(pairs, t
                     out[(data_dir, network)] = seen[d.ident]
                     continue
                 self.held.append(d)
-                d.lock(self.timeout)
+                d.lock(self.wait)
                 if d.ident is not None:
                     seen[d.ident] = d
                 out[(data_dir, network)] = d

@@ -294,9 +294,8 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
     started = time.monotonic()
     watching = _watching(sel, targets, modes, getattr(conf, "stateDir", None) or "")
     journal = Journal(store) if store is not None and not dry_run else None
-    waits = ((conf.lockTimeout, conf.lockTimeout) if ipam_wait is None
-             else (min(conf.lockTimeout, ipam_wait), 0.0))
-    outcome = _cleaned(store, waits, sel, targets, watching, dry_run, backend_for, journal)
+    waits = (None, None) if ipam_wait is None else (ipam_wait, 0.0)
+    outcome = _cleaned(store, conf.lockTimeout, waits, sel, targets, watching, dry_run, backend_for, journal)
     _note_unproven(sel, outcome)
     outcome.unknown = dict(sel.view.blind)
     if journal is not None and store is not None:
@@ -331,18 +330,19 @@ def _with_cached_conflists(modes: ModeSources, targets: list[Target], state_dir:
     return modes
 
 
-def _cleaned(store: Store | None, waits: tuple[float, float], sel: Selection, targets: list[Target],
-             watching: set[str], dry_run: bool, backend_for: Any, journal: Any) -> Outcome:
+def _cleaned(store: Store | None, lock_timeout: float, waits: tuple[float | None, float | None], sel: Selection,
+             targets: list[Target], watching: set[str], dry_run: bool, backend_for: Any, journal: Any) -> Outcome:
     """Clean the targets of networks in clean mode; plan (a dry run) those of networks in observe mode. `waits`:
-    how long host-local's locks are waited for by each."""
+    how long host-local's locks are waited for by each (None: lock_timeout)."""
     from cni_reaper.reap.cleanup import CleanupOptions, clean
 
     data_dirs = [*sel.data_dirs, *DEFAULT_IPAM_DIRS]
     outcome = clean([t for t in targets if t.network not in watching], sel.holders,
-                    CleanupOptions(data_dirs, waits[0], backend_for, dry_run, journal, log.field("verb")))
+                    CleanupOptions(data_dirs, lock_timeout, backend_for, dry_run, journal, log.field("verb"), waits[0]))
     watched = [t for t in targets if t.network in watching]
     if watched:
-        seen = clean(watched, sel.holders, CleanupOptions(data_dirs, waits[1], backend_for, dry_run=True))
+        seen = clean(watched, sel.holders, CleanupOptions(data_dirs, lock_timeout, backend_for, dry_run=True,
+                                                          lock_wait=waits[1]))
         _observed(store if not dry_run else None, sel, seen, outcome)
     return outcome
 
