@@ -82,6 +82,13 @@ def sb(tmp_path, flavour, package_exe, two_stacks):
         yield s
 
 
+@pytest.fixture
+def nsb(tmp_path, package_exe):
+    """One sandbox (Debian 12's stack, iptables-nft), for promises of cni-reaper's own machinery."""
+    with open_sandbox(tmp_path, "nft", package_exe, DEBIAN12) as s:
+        yield s
+
+
 def _package_exe() -> str:
     exe = shutil.which("cni-reaper", path=os.path.dirname(sys.executable))
     if not exe:
@@ -111,7 +118,7 @@ def sandbox(tmp_path, flavour, reaper_exe, stack):
         yield sb
 
 
-ROOT_FIXTURES = {"private_host", "sandbox", "sb", "native", "sandbox_root"}  # they make namespaces or need root
+ROOT_FIXTURES = {"private_host", "sandbox", "sb", "nsb", "native", "sandbox_root"}  # they make namespaces or need root
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,12 +24,6 @@ def xsb(tmp_path, reaper_exe):
         yield s
 
 
-@pytest.fixture
-def nsb(tmp_path, package_exe):
-    """One sandbox (Debian 12's stack, iptables-nft): the promises here are cni-reaper's own machinery."""
-    with open_sandbox(tmp_path, "nft", package_exe, DEBIAN12) as s:
-        yield s
-
 
 def test_conntrack_entries_are_never_cleared_unjournaled_on_a_full_file_system(nsb, tmp_path):
     """Promise 1 (issue 43): every removal is journaled whole and fsynced BEFORE anything is removed; on a full

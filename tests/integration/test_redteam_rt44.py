@@ -9,17 +9,12 @@ import shutil
 
 import pytest
 
-from testkit.sandbox import DEBIAN12, ips_of, open_sandbox, unique
+from testkit.sandbox import ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 
 NET = "nomad-reaper"
 
-
-@pytest.fixture
-def nsb(tmp_path, package_exe):
-    with open_sandbox(tmp_path, "nft", package_exe, DEBIAN12) as s:
-        yield s
 
 
 def _damage(path, how: str) -> None:

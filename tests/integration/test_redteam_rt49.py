@@ -43,6 +43,15 @@ def _mapped(sb, port: int) -> list[str]:
     return lines + [l for l in native(sb) if re.search(rf"\b{port}\b", l)]
 
 
+def _swept_beside_a_live_task(sb, port: int) -> tuple[str, str]:
+    """(the container ID, the live task's netns) of a dead allocation that mapped host `port`, swept, and a
+    live task of the operator's that nothing maps yet."""
+    cid, _ips = _leak(sb, (f"{port}:80/tcp",), sb.conflist())
+    assert sb.cli("sweep", "--apply").returncode == 0
+    assert _mapped(sb, port) == []
+    return cid, foreign_task(sb)
+
+
 def _operator_dnat(sb, match: list[str], chains=("PREROUTING", "OUTPUT"), family: int = 4,
                    to: str = f"{FOREIGN_IP}:80") -> None:
     """An operator's DNAT appended to nat `chains` (after portmap's jumps to CNI-HOSTPORT-DNAT: a mapping put
@@ -71,34 +80,12 @@ def test_undo_never_shadows_a_live_task_behind_an_operators_dnat_of_every_port_b
     Reproduce: pytest tests/integration/test_redteam_rt49.py -k every_port_but_one."""
     sb = box
     port = 8121
-    cid, _ips = _leak(sb, (f"{port}:80/tcp",), sb.conflist())
-    assert sb.cli("sweep", "--apply").returncode == 0
-    assert _mapped(sb, port) == []
-    live = foreign_task(sb)
+    cid, live = _swept_beside_a_live_task(sb, port)
     _operator_dnat(sb, match)
     assert sb.reach(live, GW, port, "operators-task") == "operators-task"
     out = sb.cli("undo", cid)
     after = sb.reach(live, GW, port, "operators-task")
     assert (after, _mapped(sb, port)) == ("operators-task", []), (out.returncode, out.stdout, out.stderr)
-
-
-def _reach_same_port(sb, netns: str, port: int, reply: str) -> str:
-    """Serve `reply` on `port` itself in `netns` (a 1:1 NAT keeps the port) and connect to GW:port from the host
-    netns, retrying while refused (up to 10 s)."""
-    import time
-
-    server = sb.serve(netns, port, reply)
-    try:
-        deadline, answer = time.monotonic() + 10, ""
-        while time.monotonic() < deadline:
-            answer = sb.connect(GW, port)
-            if not answer.startswith("refused"):
-                break
-            time.sleep(0.2)
-        return answer
-    finally:
-        server.kill()
-        server.wait()
 
 
 def test_undo_never_shadows_a_live_task_behind_an_operators_netmap(box):
@@ -114,16 +101,13 @@ def test_undo_never_shadows_a_live_task_behind_an_operators_netmap(box):
     Reproduce: pytest tests/integration/test_redteam_rt49.py -k netmap."""
     sb = box
     port = 8124
-    cid, _ips = _leak(sb, (f"{port}:80/tcp",), sb.conflist())
-    assert sb.cli("sweep", "--apply").returncode == 0
-    assert _mapped(sb, port) == []
-    live = foreign_task(sb)
+    cid, live = _swept_beside_a_live_task(sb, port)
     for chain in ("PREROUTING", "OUTPUT"):
         sb.run(["iptables", "-t", "nat", "-A", chain, "-d", f"{GW}/32", "-j", "NETMAP", "--to", f"{FOREIGN_IP}/32"],
                check=True)
-    assert _reach_same_port(sb, live, port, "operators-task") == "operators-task"
+    assert sb.reach(live, GW, port, "operators-task", served=port) == "operators-task"
     out = sb.cli("undo", cid)
-    after = _reach_same_port(sb, live, port, "operators-task")
+    after = sb.reach(live, GW, port, "operators-task", served=port)
     assert (after, _mapped(sb, port)) == ("operators-task", []), (out.returncode, out.stdout, out.stderr)
 
 

@@ -11,17 +11,12 @@ import time
 
 import pytest
 
-from testkit.sandbox import DEBIAN12, ips_of, open_sandbox, unique
+from testkit.sandbox import ips_of, open_sandbox, unique
 
 pytestmark = pytest.mark.netns
 
 NET = "nomad-reaper"
 
-
-@pytest.fixture
-def nsb(tmp_path, package_exe):
-    with open_sandbox(tmp_path, "nft", package_exe, DEBIAN12) as s:
-        yield s
 
 
 def _leak(sb, conflist, port: str | None = None) -> tuple[str, list[str]]:

@@ -512,10 +512,10 @@ class Sandbox:
                                  "0.0.0.0", str(port), reply], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         return proc
 
-    def reach(self, netns: str, host_ip: str, host_port: int, reply: str) -> str:
-        """Serve `reply` on port 80 in a container netns and connect to host_ip:host_port from the host netns,
-        retrying while refused (up to 10 s): what answered, or 'timeout'/'refused ...'."""
-        server = self.serve(netns, 80, reply)
+    def reach(self, netns: str, host_ip: str, host_port: int, reply: str, served: int = 80) -> str:
+        """Serve `reply` on port `served` in a container netns and connect to host_ip:host_port from the host
+        netns, retrying while refused (up to 10 s): what answered, or 'timeout'/'refused ...'."""
+        server = self.serve(netns, served, reply)
         try:
             deadline, answer = time.monotonic() + 10, ""
             while time.monotonic() < deadline:

@@ -141,17 +141,19 @@ MODE_VALUES = (None, modes.CLEAN, modes.OBSERVE)
 
 
 def test_a_mode_from_every_source():
-    """Every combination of every source of a network's mode, and the fact whether it has records."""
+    """Every combination of every source of a network's mode, and the facts whether it has records and whether
+    an attachment found of it chains no cni-reaper."""
     network = "n"
-    for known, every, wrapped, top, per, conflist, finder, forced, recorded in itertools.product(
+    for known, every, wrapped, top, per, conflist, finder, forced, recorded, unchained in itertools.product(
             MODE_VALUES, (None, modes.OBSERVE), (None, "wrapped", *MODE_VALUES[1:]), MODE_VALUES, MODE_VALUES,
-            MODE_VALUES, MODE_VALUES, MODE_VALUES, (False, True)):
+            MODE_VALUES, MODE_VALUES, MODE_VALUES, (False, True), (False, True)):
         known_map = {k: v for k, v in ((network, known), (modes.EVERY, every)) if v is not None}
         s = modes.ModeSources(known_map, {network: wrapped} if wrapped else {}, top,
                               {network: per} if per else {}, {network: conflist} if conflist else {}, finder, forced,
-                              frozenset({network}) if recorded else frozenset())
+                              frozenset({network}) if recorded else frozenset(),
+                              frozenset({network}) if unchained else frozenset())
         got = s.of(network)
-        chained = conflist is not None or (known is not None and wrapped is None)
+        chained = (conflist is not None or (known is not None and wrapped is None)) and not unchained
         stated = known is not None or wrapped is not None or conflist is not None or per is not None
         said = [forced, every, known, conflist, per, wrapped] + ([] if chained else [top, finder])
         said += [modes.OBSERVE] if recorded and not stated else []

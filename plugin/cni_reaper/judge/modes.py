@@ -7,8 +7,10 @@ the mode its calls last said (`wrapped`, `.wrapped`), the settings file of wrapp
 `file_top`, and its per-network modes, `file_networks`; a file that cannot be used says observe), the
 conflists the CLI reads here (`conflists`: network -> its cni-reaper entry's mode), a mode forced for the whole
 pass (`forced`: the CLI's, a wrapper's),
-and the call that found the target (`finder`: its network's mode); one fact besides: the networks that have
-records in the state directory (`recorded`).
+and the call that found the target (`finder`: its network's mode); two facts besides: the networks that have
+records in the state directory (`recorded`), and those an attachment found with no record shows chaining no
+cni-reaper (`unchained`: the conflist libcni cached with it has none: a leak from before installation, or
+after cni-reaper was taken out of the conflist).
 
 A network that chains cni-reaper in a conflist has that conflist's mode (as its calls noted it, or as the
 CLI reads it). Every other network (wrapped, or one that never chained cni-reaper: leaks from before the
@@ -29,12 +31,13 @@ EVERY = "*"  # in `known`: the modes file could not be read, so every network is
 class ModeSources:
     """Every source of a pass's modes (the module's docstring); values only."""
 
-    __slots__ = ("conflists", "file_networks", "file_top", "finder", "forced", "known", "recorded", "wrapped")
+    __slots__ = ("conflists", "file_networks", "file_top", "finder", "forced", "known", "recorded", "unchained",
+                 "wrapped")
 
     def __init__(self, known: dict[str, str] | None = None, wrapped: dict[str, str] | None = None,
                  file_top: str | None = None, file_networks: dict[str, str] | None = None,
                  conflists: dict[str, str] | None = None, finder: str | None = None, forced: str | None = None,
-                 recorded: frozenset[str] = frozenset()) -> None:
+                 recorded: frozenset[str] = frozenset(), unchained: frozenset[str] = frozenset()) -> None:
         self.known = dict(known or {})
         self.wrapped = dict(wrapped or {})
         self.file_top = file_top
@@ -43,11 +46,14 @@ class ModeSources:
         self.finder = finder
         self.forced = forced
         self.recorded = recorded
+        self.unchained = unchained
 
-    def also_chained(self, conflists: dict[str, str]) -> ModeSources:
-        """These sources with more networks' own conflist modes (a network's conflist as libcni cached it)."""
+    def with_cached(self, conflists: dict[str, str], unchained: set[str]) -> ModeSources:
+        """These sources with what the conflists libcni cached with attachments found here say: networks'
+        own modes (`conflists`), networks chaining no cni-reaper (`unchained`)."""
         return ModeSources(self.known, self.wrapped, self.file_top, self.file_networks,
-                           {**conflists, **self.conflists}, self.finder, self.forced, self.recorded)
+                           {**conflists, **self.conflists}, self.finder, self.forced, self.recorded,
+                           self.unchained | unchained)
 
     def of(self, network: str) -> str:
         return mode_of(network, self)
@@ -62,8 +68,8 @@ class ModeSources:
 
 def chained(network: str, s: ModeSources) -> bool:
     """Whether `network` chains cni-reaper in a conflist of its own (its calls noted a mode, not as a wrapper's;
-    or the CLI reads its conflist here)."""
-    return network in s.conflists or (network in s.known and network not in s.wrapped)
+    or the CLI reads its conflist here), and no attachment found of it shows otherwise."""
+    return (network in s.conflists or (network in s.known and network not in s.wrapped)) and network not in s.unchained
 
 
 def stated(network: str, s: ModeSources) -> bool:

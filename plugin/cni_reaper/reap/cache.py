@@ -184,25 +184,29 @@ def entries(cache_dir: str, network: str, container_id: str) -> list[Cached] | N
     return [e for _, e in results.read(network, container_id) if e is not None and _of(e, network, container_id)]
 
 
-def chained_modes(cache_dir: str, keys: list[tuple[str, str]], state_dir: str) -> dict[str, str]:
-    """network -> the mode its cni-reaper entry gives it in the conflist libcni cached with an attachment of
-    (network, container ID) of `keys` (libcni keeps the network's configuration in each entry): for a network
-    that chains cni-reaper but is not known here, when its attachment's leftovers are found by a call of
-    another network. Observe when that entry keeps another state directory (its own cni-reaper judges it) or
-    gives the mode twice; networks whose cached conflist chains no cni-reaper, or cannot be read, are left out."""
-    out: dict[str, str] = {}
+def chained_modes(cache_dir: str, keys: list[tuple[str, str]], state_dir: str) -> tuple[dict[str, str], set[str]]:
+    """What the conflists libcni cached with the attachments of (network, container ID) of `keys` say (libcni
+    keeps the network's configuration in each entry), for attachments found with no record: (network -> the
+    mode its cni-reaper entry gives it, the networks whose cached conflist chains no cni-reaper). The mode is
+    observe when that entry keeps another state directory (its own cni-reaper judges it) or gives the mode
+    twice; an entry that cannot be read says nothing."""
+    modes: dict[str, str] = {}
+    unchained: set[str] = set()
     for network, container_id in keys:
         for e in entries(cache_dir, network, container_id) or []:
-            mode = _chained_mode(e.doc.get("config"), state_dir)
+            plugins = _cached_plugins(e.doc.get("config"))
+            mode = _chained_mode(plugins, state_dir)
             if mode is not None:
-                out[network] = "observe" if "observe" in (mode, out.get(network)) else mode
-    return out
+                modes[network] = "observe" if "observe" in (mode, modes.get(network)) else mode
+            elif plugins:
+                unchained.add(network)
+    return modes, unchained
 
 
-def _chained_mode(config: Any, state_dir: str) -> str | None:
-    """The mode of the cni-reaper entries of a cached network configuration (base64 of the conflist's bytes;
-    observe when any entry says it), None when it chains none."""
-    found = [_entry_mode(e, state_dir) for e in _cached_plugins(config)]
+def _chained_mode(plugins: list[Any], state_dir: str) -> str | None:
+    """The mode of the cni-reaper entries among a cached conflist's `plugins` (observe when any says it), None
+    when it chains none."""
+    found = [_entry_mode(e, state_dir) for e in plugins]
     modes = [m for m in found if m is not None]
     return ("observe" if "observe" in modes else modes[0]) if modes else None
 

@@ -136,12 +136,18 @@ class Mapping(Value):
     """One host port held now: a DNAT rule that maps it and the attachment its tag names (container ID, "" when
     no tag names one; network, "" when the rule does not say: portmap's native rules name only the container),
     or another holder (`by`: what holds it when it is no CNI attachment's: another chain's DNAT, a socket);
-    `to`: the address it sends the port to, where the rule says ("": not read)."""
+    `to`: the address it sends the port to, where the rule says ("": not read); `world`: the plugins' world
+    of the rule (IPTABLES or NATIVE; "" for another holder)."""
 
-    __slots__ = ("by", "container_id", "network", "port", "to")
+    __slots__ = ("by", "container_id", "network", "port", "to", "world")
 
-    def __init__(self, port: HostPort, container_id: str, network: str = "", by: str = "", to: str = "") -> None:
+    def __init__(self, port: HostPort, container_id: str, network: str = "", by: str = "", to: str = "",
+                 world: str = "") -> None:
         self.port, self.container_id, self.network, self.by, self.to = port, container_id, network, by, to
+        self.world = world
+
+
+IPTABLES, NATIVE = "iptables", "native"  # the plugins' two worlds of hostport mappings
 
 
 class PortMap:
@@ -173,7 +179,8 @@ class PortMap:
 
         for r in rules:
             if (r.family, r.table) in HOSTPORT_TABLES and r.chain in DNAT_CHAINS and r.action == "dnat":
-                self.mapped += [Mapping(p, r.comment or "", to=address(r.dnat_addr) or "") for p in native_ports(r)]
+                self.mapped += [Mapping(p, r.comment or "", to=address(r.dnat_addr) or "", world=NATIVE)
+                                for p in native_ports(r)]
 
     def add_foreign_native(self, rules: list[NativeRule]) -> None:
         """The DNAT and REDIRECT rules of nftables tables that are neither the plugins' nor iptables' (a firewall
@@ -184,14 +191,15 @@ class PortMap:
                 self.mapped += [Mapping(p, "", by=f"a rule of nftables table {r.family} {r.table}")
                                 for p in native_ports(r) or {HostPort("", EVERY_PORT)}]
 
-    def shadowed(self, ports: set[HostPort], cid: str, to: str = "") -> str | None:
-        """Why mapping `ports` for container `cid` (to address `to`, where known) would shadow another
-        container's mapping now, or another life's of the same container (a mapping to another address), a
-        mapping whose owner no tag names included."""
+    def shadowed(self, ports: set[HostPort], cid: str, to: str = "", world: str = "") -> str | None:
+        """Why mapping `ports` for container `cid` (to address `to`, where known, in the plugins' `world`) would
+        shadow another container's mapping now, or another life's of the same container (a mapping to another
+        address, or in the other world: one life maps its ports in one), a mapping whose owner no tag names
+        included."""
         if ports and self.blind:
             return f"who maps host ports now is not known ({self.blind[0]})"
         for p in sorted(ports, key=str):
-            for m in self.others(p, cid, to):
+            for m in self.others(p, cid, to, world):
                 held = f"host port {p.port}/{p.proto or m.port.proto or 'any'}"
                 return f"{held} is held by {m.by} now" if m.by else f"{held} is mapped by another allocation now"
         return None
@@ -204,11 +212,12 @@ class PortMap:
             owners.setdefault(f"{m.port.port}/{m.port.proto or 'any'}", set()).add(m.container_id)
         return {port: who for port, who in owners.items() if len(who) > 1}
 
-    def others(self, port: HostPort, cid: str, to: str = "") -> list[Mapping]:
+    def others(self, port: HostPort, cid: str, to: str = "", world: str = "") -> list[Mapping]:
         """The mappings of `port` (same port and protocol, any host IP) by another container than `cid`, or by
-        it to another address than `to` (where both are known: another life of it, made since)."""
+        it to another address than `to` or in another world than `world` (where both are known: another life of
+        it, made since; a newer life may have the same address again)."""
         return [m for m in self.mapped if port.clashes(m.port)
-                and (m.container_id != cid or (to and m.to and m.to != to))]
+                and (m.container_id != cid or (to and m.to and m.to != to) or (world and m.world and m.world != world))]
 
 
 def port_map() -> PortMap:
@@ -289,7 +298,7 @@ def _hostport_mappings(nat: Table) -> list[Mapping]:
     out = []
     for r in nat.chains.get(IPTABLES_DNAT_CHAIN, []):
         tag = parse_tag(r.comment or "") or ("", "", "")
-        out += [Mapping(p, tag[2], tag[1] or "", to=to) for p in rule_ports(r)
+        out += [Mapping(p, tag[2], tag[1] or "", to=to, world=IPTABLES) for p in rule_ports(r)
                 for to in dnat_targets(nat.chains.get(r.target or "", [])) or [""]]
     return out
 

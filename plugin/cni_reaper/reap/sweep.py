@@ -308,25 +308,25 @@ def _watching(sel: Selection, targets: list[Target], modes: ModeSources | None, 
     networks = {j.key.network for j in sel.judged} | {t.network for t in targets}
     if modes is None:
         return set()
-    modes = _with_cached_conflists(modes, targets, state_dir)
+    modes = _with_cached_conflists(modes, sel, targets, state_dir)
     return {n for n in networks if modes.observing(n)}
 
 
-def _with_cached_conflists(modes: ModeSources, targets: list[Target], state_dir: str) -> ModeSources:
-    """`modes` with, for the targets of networks no source here knows, the mode their own conflist gives as
-    libcni cached it with their attachment (a network that chains cni-reaper with another state directory, or
-    in a conflist the CLI does not read: reap/cache.chained_modes)."""
-    from cni_reaper.judge.modes import stated
-
-    by_cache: dict[str, list[tuple[str, str]]] = {}
+def _with_cached_conflists(modes: ModeSources, sel: Selection, targets: list[Target], state_dir: str) -> ModeSources:
+    """`modes` with what the conflists libcni cached with the attachments found with no record say
+    (reap/cache.chained_modes): the mode of a network that chains cni-reaper where no source here knows it
+    (another state directory, a conflist the CLI does not read), and the networks whose attachment chains
+    none (made before cni-reaper was installed, or after it was taken out: the finder's mode governs them)."""
+    recorded = {j.key for j in sel.judged}
+    by_cache: dict[str, set[tuple[str, str]]] = {}
     for t in targets:
-        if t.cache_dir and not stated(t.network, modes) and t.network not in modes.recorded:
-            by_cache.setdefault(t.cache_dir, []).append((t.network, t.container_id))
+        if t.cache_dir and t.key not in recorded:
+            by_cache.setdefault(t.cache_dir, set()).add((t.network, t.container_id))
     if by_cache:
         from cni_reaper.reap.cache import chained_modes
 
         for cache_dir, keys in by_cache.items():
-            modes = modes.also_chained(chained_modes(cache_dir, sorted(set(keys)), state_dir))
+            modes = modes.with_cached(*chained_modes(cache_dir, sorted(keys), state_dir))
     return modes
 
 

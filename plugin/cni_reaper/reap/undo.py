@@ -346,7 +346,7 @@ class _IptablesPlan:
         """Why a rule may not be put back: its chain or target is not there, an address it names is held by
         another attachment (untagged rules of it, firewall's, are that attachment's now, whatever they look
         like), it is there already, or it maps a host port another container maps now."""
-        from cni_reaper.reap.holders import IPTABLES_DNAT_CHAIN, iptables_owner, rule_addresses, rule_ports
+        from cni_reaper.reap.holders import IPTABLES, IPTABLES_DNAT_CHAIN, iptables_owner, rule_addresses, rule_ports
         from cni_reaper.reap.netfilter.iptables.rules import parse_rule
 
         t = self.tables.get(table)
@@ -366,7 +366,7 @@ class _IptablesPlan:
             if not ports:
                 return BROADER
             owner = iptables_owner(rule.comment)
-            shadows = (self.ports.shadowed(ports, owner, to) for to in self._sends_to(table, rule.target))
+            shadows = (self.ports.shadowed(ports, owner, to, IPTABLES) for to in self._sends_to(table, rule.target))
             return next(filter(None, shadows), None)
         return None if rule_addresses(rule) else BROADER
 
@@ -452,7 +452,7 @@ def _add_native(nft: Any, adds: list[NativeOp], entries: list[Removed], report: 
 
 def _native_verdict(rule: dict[str, Any], holders: Others, ports: Any, now: set[str]) -> tuple[str, str]:
     """("add", ""), ("there", why) or ("no", why) for one journaled native rule, against the rules there now."""
-    from cni_reaper.reap.holders import address, native_addresses, native_ports
+    from cni_reaper.reap.holders import NATIVE, address, native_addresses, native_ports
     from cni_reaper.reap.netfilter.nftables.rules import DNAT_CHAINS, parse_rule
 
     parsed = parse_rule(dict(rule, handle=0))  # journaled with its handle since 0.4; added back without
@@ -465,7 +465,7 @@ def _native_verdict(rule: dict[str, Any], holders: Others, ports: Any, now: set[
         return "there", "already there"
     held = holders.of(native_addresses(parsed))
     if held is None and parsed.chain in DNAT_CHAINS:
-        held = ports.shadowed(native_ports(parsed), parsed.comment or "", address(parsed.dnat_addr) or "")
+        held = ports.shadowed(native_ports(parsed), parsed.comment or "", address(parsed.dnat_addr) or "", NATIVE)
     return ("no", held) if held else ("add", "")
 
 
