@@ -303,43 +303,70 @@ def sweep(store: Store | None, conf: Any, sel: Selection, dry_run: bool = False,
     return outcome
 
 
-def _watching(sel: Selection, targets: list[Target], modes: ModeSources | None, state_dir: str) -> set[str]:
-    """The networks of this sweep in observe mode (judge/modes: the one answer)."""
-    networks = {j.key.network for j in sel.judged} | {t.network for t in targets}
+class Watched:
+    """What this sweep observes (judge/modes: the one answer): the networks observed for every target of
+    theirs, and the targets found with no record observed for what their own attachment shows (`strays`: of a
+    network whose cached conflist, for that attachment, chains no cni-reaper)."""
+
+    __slots__ = ("networks", "strays")
+
+    def __init__(self, networks: set[str], strays: set[Key]) -> None:
+        self.networks, self.strays = networks, strays
+
+    def record(self, key: Key) -> bool:
+        return key.network in self.networks
+
+    def target(self, t: Target) -> bool:
+        return t.network in self.networks or t.key in self.strays
+
+
+def _watching(sel: Selection, targets: list[Target], modes: ModeSources | None, state_dir: str) -> Watched:
+    """What this sweep observes (Watched)."""
     if modes is None:
-        return set()
-    modes = _with_cached_conflists(modes, sel, targets, state_dir)
-    return {n for n in networks if modes.observing(n)}
-
-
-def _with_cached_conflists(modes: ModeSources, sel: Selection, targets: list[Target], state_dir: str) -> ModeSources:
-    """`modes` with what the conflists libcni cached with the attachments found with no record say
-    (reap/cache.chained_modes): the mode of a network that chains cni-reaper where no source here knows it
-    (another state directory, a conflist the CLI does not read), and the networks whose attachment chains
-    none (made before cni-reaper was installed, or after it was taken out: the finder's mode governs them)."""
+        return Watched(set(), set())
     recorded = {j.key for j in sel.judged}
+    strays = [t for t in targets if t.key not in recorded]
+    chained, unchained = _cached_conflists(strays, state_dir)
+    modes = modes.with_cached(chained, set())
+    networks = {j.key.network for j in sel.judged} | {t.network for t in targets}
+    observed = {n for n in networks if modes.observing(n)}
+    if not unchained:
+        return Watched(observed, set())
+    stray_modes = modes.with_cached({}, unchained)
+    return Watched(observed, {t.key for t in strays if stray_modes.observing(t.network)})
+
+
+def _cached_conflists(strays: list[Target], state_dir: str) -> tuple[dict[str, str], set[str]]:
+    """What the conflists libcni cached with the attachments found with no record say (reap/cache.chained_modes):
+    the mode of a network that chains cni-reaper where no source here knows it (another state directory, a
+    conflist the CLI does not read), and the networks whose attachment chains none (made before cni-reaper was
+    installed, or after it was taken out: the finder's mode governs them)."""
     by_cache: dict[str, set[tuple[str, str]]] = {}
-    for t in targets:
-        if t.cache_dir and t.key not in recorded:
+    for t in strays:
+        if t.cache_dir:
             by_cache.setdefault(t.cache_dir, set()).add((t.network, t.container_id))
+    chained: dict[str, str] = {}
+    unchained: set[str] = set()
     if by_cache:
         from cni_reaper.reap.cache import chained_modes
 
         for cache_dir, keys in by_cache.items():
-            modes = modes.with_cached(*chained_modes(cache_dir, sorted(keys), state_dir))
-    return modes
+            modes, none = chained_modes(cache_dir, sorted(keys), state_dir)
+            chained.update({n: "observe" if "observe" in (m, chained.get(n)) else m for n, m in modes.items()})
+            unchained |= none
+    return chained, unchained
 
 
 def _cleaned(store: Store | None, lock_timeout: float, waits: tuple[float | None, float | None], sel: Selection,
-             targets: list[Target], watching: set[str], dry_run: bool, backend_for: Any, journal: Any) -> Outcome:
+             targets: list[Target], watching: Watched, dry_run: bool, backend_for: Any, journal: Any) -> Outcome:
     """Clean the targets of networks in clean mode; plan (a dry run) those of networks in observe mode. `waits`:
     how long host-local's locks are waited for by each (None: lock_timeout)."""
     from cni_reaper.reap.cleanup import CleanupOptions, clean
 
     data_dirs = [*sel.data_dirs, *DEFAULT_IPAM_DIRS]
-    outcome = clean([t for t in targets if t.network not in watching], sel.holders,
+    outcome = clean([t for t in targets if not watching.target(t)], sel.holders,
                     CleanupOptions(data_dirs, lock_timeout, backend_for, dry_run, journal, log.field("verb"), waits[0]))
-    watched = [t for t in targets if t.network in watching]
+    watched = [t for t in targets if watching.target(t)]
     if watched:
         seen = clean(watched, sel.holders, CleanupOptions(data_dirs, lock_timeout, backend_for, dry_run=True,
                                                           lock_wait=waits[1]))
@@ -395,13 +422,13 @@ def report_observed(store: Store, seen: Outcome, why: dict[Key, str] | None = No
         counters.add_would(store, fresh)
 
 
-def _left_for_the_runtime(store: Store, j: Judged, outcome: Outcome, watching: set[str]) -> bool:
+def _left_for_the_runtime(store: Store, j: Judged, outcome: Outcome, watching: Watched) -> bool:
     """A dead attachment whose leftovers the claims could not give to the sweep (no reservation shows who else
     holds them): its record stays, marked, for the runtime's DEL or GC, and no sweep looks at it again."""
     from cni_reaper.state.record import left
 
     why = outcome.waiting.get(j.key)
-    if why is None or j.state != DEAD or j.record.deleted is not None or j.key.network in watching:
+    if why is None or j.state != DEAD or j.record.deleted is not None or watching.record(j.key):
         return False
     store.save(j.record.replace(left=left(why)))
     log.info("left for the runtime's DEL or GC", network=j.key.network, containerID=j.key.container_id,
@@ -409,14 +436,14 @@ def _left_for_the_runtime(store: Store, j: Judged, outcome: Outcome, watching: s
     return True
 
 
-def _held(store: Store, j: Judged, outcome: Outcome, watching: set[str]) -> bool:
+def _held(store: Store, j: Judged, outcome: Outcome, watching: Watched) -> bool:
     """A dead attachment of which something not ours holds a leftover (a foreign rule jumps to its chain): its
     record stays, marked with when a verb's sweep looks at it again (sooner would cost every verb a sweep;
     the wait doubles each time, up to an hour; an operator's sweep and GC look at once)."""
     from cni_reaper.state.record import held
 
     why = outcome.held.get(j.key)
-    if why is None or j.state not in SWEEPABLE or j.key.network in watching:
+    if why is None or j.state not in SWEEPABLE or watching.record(j.key):
         return False
     mark = held(why, j.record.left)
     store.save(j.record.replace(left=mark))
@@ -430,11 +457,11 @@ def _finished_del(j: Judged) -> bool:
     return j.state == DONE and j.record.deleted is not None and not j.record.deleted.verify
 
 
-def _settling(j: Judged, watching: set[str]) -> tuple[Life, ...] | None:
+def _settling(j: Judged, watching: Watched) -> tuple[Life, ...] | None:
     """The earlier lives a record keeps when its clean-up went through (None: it is not settled now). A
     record of a dead attachment is dropped; one whose dead earlier lives were cleaned is trimmed."""
     r = j.record
-    if j.key.network in watching and not _finished_del(j):
+    if watching.record(j.key) and not _finished_del(j):
         return None  # observe mode: nothing of it was removed
     kept = tuple(life for life, (st, _) in zip(r.earlier, j.earlier) if st != DEAD)
     if not (j.state in SWEEPABLE or (j.state == LIVE and len(kept) != len(r.earlier))):
@@ -481,7 +508,7 @@ def _said(j: Judged) -> dict[str, str]:
             "why": j.why}
 
 
-def _due(store: Store, sel: Selection, outcome: Outcome, watching: set[str]) -> list[tuple[Judged, tuple[Life, ...]]]:
+def _due(store: Store, sel: Selection, outcome: Outcome, watching: Watched) -> list[tuple[Judged, tuple[Life, ...]]]:
     """The judged records to settle, each with what of it is kept (_settling): not those left for the
     runtime, kept by the clean-up, or held by something not ours."""
     due = []
@@ -500,7 +527,7 @@ def _due(store: Store, sel: Selection, outcome: Outcome, watching: set[str]) -> 
 
 
 def settle(store: Store, sel: Selection, targets: list[Target], outcome: Outcome, seconds: float,
-           watching: set[str], journal: Journal) -> None:
+           watching: Watched, journal: Journal) -> None:
     """Drop the records whose leftovers are verified gone, trim the earlier lives that were cleaned, count.
     Records of networks in observe mode stay as they are (nothing of theirs was removed), but for finished DELs
     that left nothing to look at."""
