@@ -179,7 +179,9 @@ def modes_of(store, group: list[Context], settings) -> ModeSources:
     known = modes.modes(store) if store is not None else {}
     wrapped = modes.wrapped_networks(store) if store is not None else {}
     conflists = {c.network: c.conf.mode for c in group if c.network and c.keeping is not None}
-    bare = any(c.network is None and c.conf.mode == "observe" for c in group)  # no conflist: the settings say observe
+    # no conflist: the CLI runs with the settings file's keys, so a file that says observe, or that cannot be used
+    # (what cannot be read says observe), makes the whole run observe
+    bare = any(c.network is None and (c.conf.mode == "observe" or getattr(settings, "problem", None)) for c in group)
     return modes.sources(known, wrapped, settings, conflists=conflists, forced="observe" if bare else None,
                          recorded=modes.recorded_networks(store))
 
