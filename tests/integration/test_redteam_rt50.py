@@ -19,15 +19,6 @@ NET = "nomad-reaper"
 
 
 
-def _leak(sb, conflist, port: str | None = None) -> tuple[str, list[str]]:
-    """An allocation added through `conflist` whose namespace then vanished with no DEL (dead)."""
-    cid, netns = unique("alloc-"), sb.container()
-    out = sb.driver("add", cid, netns, (port,) if port else (), conflist)
-    assert out.returncode == 0, out.stdout + out.stderr
-    ips = ips_of(out)
-    sb.remove_container(netns)
-    return cid, ips
-
 
 def _log(sb) -> list[dict]:
     if not sb.log_file.exists():
@@ -53,7 +44,7 @@ def test_removing_a_damaged_modes_file_as_its_fix_says_lets_another_network_clea
     sb = nsb
     watch = sb.conflist(name="watch", bridge="cni-watch", subnet="172.29.1.0/24", mode="observe")
     clean = sb.conflist()
-    cid, ips = _leak(sb, watch, "8095:80/tcp")
+    cid, ips = sb.leaked(watch, ("8095:80/tcp",))
     before = sb.residue("watch", cid, ips)
     assert before and sb.record(cid) is not None
     modes = sb.state_dir() / ".modes"
@@ -90,7 +81,7 @@ def test_an_add_of_a_clean_network_removes_the_dnat_of_an_observed_network_with_
     sb = nsb
     watch = sb.conflist(name="watch", bridge="cni-watch", subnet="172.29.1.0/24", mode="observe",
                         stateDir="/var/lib/cni/reaper-watch")
-    cid, ips = _leak(sb, watch, "8095:80/tcp")
+    cid, ips = sb.leaked(watch, ("8095:80/tcp",))
     before = sb.residue("watch", cid, ips)
     assert any("DNAT" in line or "CNI-DN-" in line for line in before), before
     out = sb.driver("add", unique("alloc-"), sb.container(), ("8095:80/tcp",), sb.conflist())
@@ -194,7 +185,7 @@ def test_every_verb_passes_at_once_whatever_the_state_directorys_file_system_lac
         conflist = sb.conflist(stateDir=str(fs / "reaper"), lockTimeout=2)
         live, live_ns = unique("alloc-"), sb.container()
         assert sb.driver("add", live, live_ns, ("8150:80/tcp",), conflist).returncode == 0
-        _leak(sb, conflist, "8151:80/tcp")
+        sb.leaked(conflist, ("8151:80/tcp",))
         _exhaust(fs, how)
         times, errors = {}, []
         cid, netns = unique("alloc-"), sb.container()
@@ -322,7 +313,7 @@ def test_every_verb_passes_at_once_whatever_the_state_directorys_files_hold(nsb,
     conflist = sb.conflist(lockTimeout=2)
     live, live_ns = unique("alloc-"), sb.container()
     assert sb.driver("add", live, live_ns, ("8159:80/tcp",), conflist, args=("IgnoreUnknown=1", "NOTE=café")).returncode == 0
-    _leak(sb, conflist, "8158:80/tcp")
+    sb.leaked(conflist, ("8158:80/tcp",))
     DAMAGES[damage](sb.state_dir())
     times, errors = _verbs_timed(sb, conflist, sb.state_dir(), (live, live_ns), 8160, 2)
     assert not errors, errors
@@ -346,7 +337,7 @@ def test_a_conflist_entry_whose_later_mode_key_says_observe_is_cleaned_through_l
     conflist = sb.conflist(**{"mode": "clean", "Mode": "observe"})
     text = conflist.read_text()
     assert text.index('"mode"') < text.index('"Mode"'), text
-    cid, ips = _leak(sb, conflist, "8170:80/tcp")
+    cid, ips = sb.leaked(conflist, ("8170:80/tcp",))
     before = sb.residue(NET, cid, ips)
     assert before
     said = sb.run([str(sb.plugin_dir / "cni-reaper"), "sweep", "--cni-conf-dir", str(conflist.parent)])
@@ -427,7 +418,7 @@ def test_every_verb_passes_at_once_whatever_its_log_cache_dir_or_afterwards_lock
         conflist = sb.conflist(**extra)
         live, live_ns = unique("alloc-"), sb.container()
         assert sb.driver("add", live, live_ns, ("8189:80/tcp",), conflist).returncode == 0
-        _leak(sb, conflist, "8188:80/tcp")
+        sb.leaked(conflist, ("8188:80/tcp",))
         if what == "log-on-full-fs":
             fill(fs)
         if what == "afterwards-lock-held":

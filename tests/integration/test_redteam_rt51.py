@@ -40,21 +40,6 @@ def _native(sb) -> list[str]:
     return sorted(re.sub(r" # handle \d+", "", l) for l in sb.native_rules())
 
 
-def _serve_connect(sb, netns: str, cport: int, hport: int, reply: str) -> str:
-    server = sb.serve(netns, cport, reply)
-    try:
-        deadline, answer = time.monotonic() + 10, ""
-        while time.monotonic() < deadline:
-            answer = sb.connect(GW, hport)
-            if not answer.startswith("refused"):
-                break
-            time.sleep(0.2)
-        return answer
-    finally:
-        server.kill()
-        server.wait()
-
-
 def _rebuild_dead_world(sb, world: str) -> None:
     """The dead world's nat table made again, as a firewall's restart does (then its hooks run first)."""
     if world == "native":
@@ -94,26 +79,18 @@ def test_undo_puts_back_a_dead_dnat_over_a_newer_life_that_got_the_same_address(
     assert sb.reservations(NET) == {}, sb.reservations(NET)
     live = sb.container()
     assert ips_of(sb.driver("add", cid, live, (f"{port}:8080/tcp",), plain)) == [addr]
-    assert _serve_connect(sb, live, 8080, port, "newer-life") == "newer-life"
+    assert sb.reach(live, GW, port, "newer-life", served=8080) == "newer-life"
     out = sb.cli("undo", cid)
     dead = [l for l in _native(sb) + sb.tables().splitlines()
             if re.search(rf"{re.escape(addr)}:80\b", l) and "8080" not in l]
-    after = _serve_connect(sb, live, 8080, port, "newer-life")
+    after = sb.reach(live, GW, port, "newer-life", served=8080)
     swept = sb.cli("sweep", "--apply")  # the put-back record of the dead life: is it dead again?
     _rebuild_dead_world(sb, dead_world)  # a firewall restart makes the dead world's table again: it runs first
-    rebuilt = _serve_connect(sb, live, 8080, port, "newer-life")
+    rebuilt = sb.reach(live, GW, port, "newer-life", served=8080)
     assert (dead, after, rebuilt) == ([], "newer-life", "newer-life"), (out.stdout[-1500:], swept.stdout[-500:])
 
 
 # -- modes: `.modes` now notes clean networks too, and nothing ever takes a network out of it ------------------
-def _leak(sb, conflist, port: str) -> tuple[str, list[str]]:
-    cid, netns = unique("alloc-"), sb.container()
-    out = sb.driver("add", cid, netns, (port,), conflist)
-    assert out.returncode == 0, out.stdout + out.stderr
-    ips = ips_of(out)
-    sb.remove_container(netns)
-    return cid, ips
-
 
 @pytest.fixture
 def nsb(tmp_path, package_exe):
@@ -146,7 +123,7 @@ def test_an_observe_networks_add_removes_a_leak_of_a_network_that_no_longer_chai
         assert sb.driver("del", cid0, ns0, (), sb.conflist()).returncode == 0
         assert json.loads((sb.state_dir() / ".modes").read_text()).get(NET) == "clean"
     plain = sb.conflist(without_reaper=True)
-    cid, ips = _leak(sb, plain, "8251:80/tcp")
+    cid, ips = sb.leaked(plain, ("8251:80/tcp",))
     before = sb.residue(NET, cid, ips)
     assert any("8251" in line for line in before), before
     out = sb.driver("add", unique("alloc-"), sb.container(), ("8251:80/tcp",), watch)
@@ -171,7 +148,7 @@ def test_held_a_cached_conflist_crafted_clean_with_our_state_dir_never_outvotes_
     assert json.loads((sb.state_dir() / ".modes").read_text()).get("watch") == "observe"
     other = sb.conflist(name="watch", bridge="cni-watch", subnet="172.29.1.0/24", mode="observe",
                         stateDir="/var/lib/cni/reaper-watch")
-    cid, ips = _leak(sb, other, "8261:80/tcp")
+    cid, ips = sb.leaked(other, ("8261:80/tcp",))
     crafted = json.loads(other.read_text())
     for p in crafted["plugins"]:
         if p["type"] == "cni-reaper":
@@ -204,7 +181,7 @@ def test_held_host_locals_lock_held_about_the_verbs_wait_never_splits_a_record_f
     live, live_ns = unique("alloc-"), sb.container()
     live_ips = ips_of(sb.driver("add", live, live_ns, ("8271:80/tcp",), other))
     kept = sb.residue("other", live, live_ips)
-    cid, ips = _leak(sb, other, "8272:80/tcp")
+    cid, ips = sb.leaked(other, ("8272:80/tcp",))
     assert sb.record(cid) is not None
     fd = os.open(sb.cni_dir / "networks" / "other" / "lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)

@@ -30,14 +30,6 @@ def _settings(sb, **top) -> None:
     sb.extra_env["CNI_REAPER_CONFIG"] = str(path)
 
 
-def _leak(sb, conflist, port: str) -> tuple[str, list[str]]:
-    cid, netns = unique("alloc-"), sb.container()
-    out = sb.driver("add", cid, netns, (port,), conflist)
-    assert out.returncode == 0, out.stdout + out.stderr
-    ips = ips_of(out)
-    sb.remove_container(netns)
-    return cid, ips
-
 
 @pytest.mark.parametrize("leak", ["no-leak", "leak-from-before-installation"])
 def test_gc_of_a_clean_network_cleans_its_recorded_attachments_whatever_its_leaks_from_before(gsb, leak):
@@ -61,7 +53,7 @@ def test_gc_of_a_clean_network_cleans_its_recorded_attachments_whatever_its_leak
     _settings(sb, mode="observe")
     conf = sb.conflist()
     if leak != "no-leak":
-        _leak(sb, sb.conflist(without_reaper=True), "8311:80/tcp")
+        sb.leaked(sb.conflist(without_reaper=True), ("8311:80/tcp",))
     keep, keep_ns = unique("alloc-"), sb.container()
     assert sb.driver("add", keep, keep_ns, (), conf).returncode == 0
     cid, ns = unique("alloc-"), sb.container()
@@ -97,8 +89,8 @@ def test_sweep_apply_orphans_cleans_a_clean_networks_recorded_dead_attachment(ns
     confdir.mkdir()
     conf = sb.conflist()
     (confdir / "nomad-reaper.conflist").write_text(conf.read_text())
-    _leak(sb, sb.conflist(without_reaper=True), "8321:80/tcp")
-    cid, ips = _leak(sb, conf, "8322:80/tcp")
+    sb.leaked(sb.conflist(without_reaper=True), ("8321:80/tcp",))
+    cid, ips = sb.leaked(conf, ("8322:80/tcp",))
     assert sb.record(cid) is not None and sb.residue(NET, cid, ips)
     args = ["sweep", "--apply", *(["--orphans"] if orphans else []), "--cni-conf-dir", str(confdir)]
     out = sb.run([str(sb.plugin_dir / "cni-reaper"), *args])

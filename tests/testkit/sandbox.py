@@ -512,6 +512,16 @@ class Sandbox:
                                  "0.0.0.0", str(port), reply], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         return proc
 
+    def leaked(self, conflist, ports: tuple[str, ...] = ()) -> tuple[str, list[str]]:
+        """(container ID, addresses) of an allocation added through `conflist` (the runtime's driver) whose
+        namespace then vanished with no DEL: dead, its leftovers in place."""
+        cid, netns = unique("alloc-"), self.container()
+        out = self.driver("add", cid, netns, ports, conflist)
+        assert out.returncode == 0, out.stdout + out.stderr
+        ips = ips_of(out)
+        self.remove_container(netns)
+        return cid, ips
+
     def reach(self, netns: str, host_ip: str, host_port: int, reply: str, served: int = 80) -> str:
         """Serve `reply` on port `served` in a container netns and connect to host_ip:host_port from the host
         netns, retrying while refused (up to 10 s): what answered, or 'timeout'/'refused ...'."""
