@@ -209,11 +209,13 @@ def mode_of(v: dict[str, Any], warnings: list[str]) -> str:
     return mode
 
 
-def _twice(warnings: list[str]) -> str:
-    """The mode of an entry that gives it twice, with different values (under keys of another case: which one
-    counts depends on who reads the file): observe, the safe side."""
-    warnings.append("mode is given more than once, with different values; observing (nothing is removed)")
-    return "observe"
+def entry_mode(raw: dict[str, Any], v: dict[str, Any], warnings: list[str]) -> str:
+    """The mode of a cni-reaper entry (`raw` as given, `v` its fields): observe when it gives the mode twice
+    with different values (under keys of another case: which one counts depends on who reads the file)."""
+    if len({repr(m) for m in given(raw, "mode")}) > 1:
+        warnings.append("mode is given more than once, with different values; observing (nothing is removed)")
+        return "observe"
+    return mode_of(v, warnings)
 
 
 def _lock_timeout(v: dict[str, Any], warnings: list[str]) -> float:
@@ -252,7 +254,7 @@ def parse(raw: dict[str, Any], top: dict[str, Any] | None = None, lenient: bool 
     c.cniCacheDir = _own_path(v, "cniCacheDir", DEFAULT_CNI_CACHE_DIR, warnings)
     c.logFile = _own_path(v, "logFile", DEFAULT_LOG_FILE, warnings, empty_ok=True)
     c.backend = _backend(v, warnings)
-    c.mode = mode_of(v, warnings) if len({repr(m) for m in given(raw, "mode")}) < 2 else _twice(warnings)
+    c.mode = entry_mode(raw, v, warnings)
     c.lockTimeout = _lock_timeout(v, warnings)
     c.prevResult = _prev_result(v, lenient, warnings)
     caps = v.get("capabilities")

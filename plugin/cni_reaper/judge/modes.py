@@ -72,6 +72,11 @@ def chained(network: str, s: ModeSources) -> bool:
     return (network in s.conflists or (network in s.known and network not in s.wrapped)) and network not in s.unchained
 
 
+def strictest(*modes: str | None) -> str:
+    """OBSERVE when any of `modes` says it, else CLEAN."""
+    return OBSERVE if OBSERVE in modes else CLEAN
+
+
 def stated(network: str, s: ModeSources) -> bool:
     """Whether a source names `network`'s own mode (its calls' word, its conflist, the settings file's entry)."""
     return network in s.known or network in s.wrapped or network in s.conflists or network in s.file_networks
@@ -85,4 +90,4 @@ def mode_of(network: str, s: ModeSources) -> str:
         said += [s.file_top, s.finder]
     if network in s.recorded and not stated(network, s):
         said.append(OBSERVE)  # it chained cni-reaper in a mode nobody says now: not the finder's to decide
-    return OBSERVE if OBSERVE in said else CLEAN
+    return strictest(*said)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 from cni_reaper import jsonio
 from cni_reaper.files import open_regular
+from cni_reaper.judge.modes import strictest
 from cni_reaper.state.names import attachment_name
 
 MAX_ENTRY_BYTES = 1 << 20
@@ -197,7 +198,7 @@ def chained_modes(cache_dir: str, keys: list[tuple[str, str]], state_dir: str) -
             plugins = _cached_plugins(e.doc.get("config"))
             mode = _chained_mode(plugins, state_dir)
             if mode is not None:
-                modes[network] = "observe" if "observe" in (mode, modes.get(network)) else mode
+                modes[network] = strictest(mode, modes.get(network))
             elif plugins:
                 unchained.add(network)
     return modes, unchained
@@ -206,9 +207,8 @@ def chained_modes(cache_dir: str, keys: list[tuple[str, str]], state_dir: str) -
 def _chained_mode(plugins: list[Any], state_dir: str) -> str | None:
     """The mode of the cni-reaper entries among a cached conflist's `plugins` (observe when any says it), None
     when it chains none."""
-    found = [_entry_mode(e, state_dir) for e in plugins]
-    modes = [m for m in found if m is not None]
-    return ("observe" if "observe" in modes else modes[0]) if modes else None
+    modes = [m for m in (_entry_mode(e, state_dir) for e in plugins) if m is not None]
+    return strictest(*modes) if modes else None
 
 
 def _cached_plugins(config: Any) -> list[Any]:
@@ -229,15 +229,15 @@ def _cached_plugins(config: Any) -> list[Any]:
 def _entry_mode(entry: Any, state_dir: str) -> str | None:
     """The mode of one cached plugin entry when it is cni-reaper's: observe when it keeps another state
     directory (its own cni-reaper judges its attachments) or gives the mode twice; None for another plugin."""
-    from cni_reaper.cni.conf import DEFAULT_STATE_DIR, mode_of
-    from cni_reaper.gojson import given, pick
+    from cni_reaper.cni.conf import DEFAULT_STATE_DIR, entry_mode
+    from cni_reaper.gojson import pick
 
     v = pick(entry, ("type", "mode", "stateDir")) if isinstance(entry, dict) else {}
     if v.get("type") != "cni-reaper":
         return None
     own = v.get("stateDir") or DEFAULT_STATE_DIR
     elsewhere = not isinstance(own, str) or os.path.realpath(own) != os.path.realpath(state_dir)
-    return "observe" if elsewhere or len({repr(m) for m in given(entry, "mode")}) > 1 else mode_of(v, [])
+    return "observe" if elsewhere else entry_mode(entry, v, [])
 
 
 class Results:

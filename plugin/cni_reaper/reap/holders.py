@@ -45,10 +45,11 @@ def address(text: str | None) -> str | None:
 _ADDRESS_OPTIONS = ("-s", "--source", "-d", "--destination", "--to-destination", "--to-source")
 
 
-def rule_addresses(rule: Rule) -> set[str]:
-    """Every address an iptables rule names (source, destination, DNAT and SNAT targets), both families."""
+def rule_addresses(rule: Rule, options: tuple[str, ...] = _ADDRESS_OPTIONS) -> set[str]:
+    """Every address an iptables rule names (source, destination, DNAT and SNAT targets; only those of
+    `options`), both families."""
     tokens = rule.tokens
-    out = {address(tokens[i + 1]) for i, tok in enumerate(tokens[:-1]) if tok in _ADDRESS_OPTIONS}
+    out = {address(tokens[i + 1]) for i, tok in enumerate(tokens[:-1]) if tok in options}
     return {a for a in out if a}
 
 
@@ -314,14 +315,7 @@ def _holds_port(rule: Rule) -> bool:
 def dnat_targets(rules: list[Rule]) -> list[str]:
     """The addresses the DNAT rules among `rules` send connections to (those of portmap's CNI-DN chain of a
     container: the address of the life that maps its ports)."""
-    return sorted({a for r in rules if r.target == "DNAT" for a in rule_dnat_addresses(r)})
-
-
-def rule_dnat_addresses(rule: Rule) -> set[str]:
-    """The addresses a DNAT rule sends connections to (`--to-destination`)."""
-    tokens = rule.tokens
-    out = {address(tokens[i + 1]) for i, tok in enumerate(tokens[:-1]) if tok == "--to-destination"}
-    return {a for a in out if a}
+    return sorted({a for r in rules if r.target == "DNAT" for a in rule_addresses(r, ("--to-destination",))})
 
 
 # how long an ADD waits for the hostport tables to be read: one that hangs (a stuck nft, a lock) leaves who else

@@ -348,11 +348,12 @@ def _cached_conflists(strays: list[Target], state_dir: str) -> tuple[dict[str, s
     chained: dict[str, str] = {}
     unchained: set[str] = set()
     if by_cache:
+        from cni_reaper.judge.modes import strictest
         from cni_reaper.reap.cache import chained_modes
 
         for cache_dir, keys in by_cache.items():
             modes, none = chained_modes(cache_dir, sorted(keys), state_dir)
-            chained.update({n: "observe" if "observe" in (m, chained.get(n)) else m for n, m in modes.items()})
+            chained.update({n: strictest(m, chained.get(n)) for n, m in modes.items()})
             unchained |= none
     return chained, unchained
 
