@@ -180,8 +180,11 @@ def entries(cache_dir: str, network: str, container_id: str) -> list[Cached] | N
     """The cached attachments of (network, container ID), any ifname, judged by their content (a name alone
     is ambiguous: IDs and ifnames may contain "-"); None when the cache cannot be read."""
     results = Results(cache_dir)
-    if results.names is None:
-        return None
+    return _entries_in(results, network, container_id) if results.names is not None else None
+
+
+def _entries_in(results: Results, network: str, container_id: str) -> list[Cached]:
+    """The cached attachments of (network, container ID) in one listed cache (entries())."""
     return [e for _, e in results.read(network, container_id) if e is not None and _of(e, network, container_id)]
 
 
@@ -193,8 +196,11 @@ def chained_modes(cache_dir: str, keys: list[tuple[str, str]], state_dir: str) -
     twice; an entry that cannot be read says nothing."""
     modes: dict[str, str] = {}
     unchained: set[str] = set()
+    results = Results(cache_dir)  # listed once for every key (an orphan sweep asks about thousands)
+    if results.names is None:
+        return modes, unchained
     for network, container_id in keys:
-        for e in entries(cache_dir, network, container_id) or []:
+        for e in _entries_in(results, network, container_id):
             plugins = _cached_plugins(e.doc.get("config"))
             mode = _chained_mode(plugins, state_dir)
             if mode is not None:
