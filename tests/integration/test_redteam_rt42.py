@@ -6,7 +6,6 @@ nothing a live holder holds", attacked in throwaway namespaces. Tests that FAIL 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
@@ -25,10 +24,6 @@ def box(tmp_path, package_exe):
         yield sb
 
 
-def native(sb) -> list[str]:
-    return sorted(re.sub(r" # handle \d+", "", l) for l in sb.native_rules())
-
-
 def _leak(sb, port: str, conflist=None) -> tuple[str, list[str]]:
     cid, netns = unique("alloc-"), sb.container()
     ips = ips_of(sb.driver("add", cid, netns, (port,), conflist))
@@ -38,8 +33,7 @@ def _leak(sb, port: str, conflist=None) -> tuple[str, list[str]]:
 
 def _mapped(sb, port: int) -> list[str]:
     """Every rule of the plugins (iptables or native) that names host port `port`."""
-    lines = [l for l in sb.tables().splitlines() if "CNI-" in l and re.search(rf"\b{port}\b", l)]
-    return lines + [l for l in native(sb) if re.search(rf"\b{port}\b", l)]
+    return sb.rules_naming_port(port)
 
 
 # -- undo against holders that are not cni-reaper's ---------------------------------------------------------

@@ -284,6 +284,5 @@ def test_undo_puts_back_no_dnat_of_a_port_a_newer_unrecorded_life_of_the_contain
     gw = "172.26.64.1"
     assert sb.reach(live, gw, port, "newer-life") == "newer-life"
     out = sb.cli("undo", cid)
-    dead_dnat = [l for l in sb.native_rules() + sb.tables().splitlines()
-                 if str(port) in l and any(ip in l for ip in old_ips)]
+    dead_dnat = [l for l in sb.rules_naming_port(port) if any(ip in l for ip in old_ips)]
     assert dead_dnat == [], (dead_dnat, out.returncode, out.stdout[-1500:])

@@ -6,7 +6,6 @@ in their docstring passed (the promise held)."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 
@@ -26,10 +25,6 @@ def box(request, tmp_path, package_exe):
         yield sb
 
 
-def native(sb) -> list[str]:
-    return sorted(re.sub(r" # handle \d+", "", l) for l in sb.native_rules())
-
-
 def _leak(sb, ports: tuple[str, ...], conflist=None) -> tuple[str, list[str]]:
     cid, netns = unique("alloc-"), sb.container()
     ips = ips_of(sb.driver("add", cid, netns, ports, conflist))
@@ -39,8 +34,7 @@ def _leak(sb, ports: tuple[str, ...], conflist=None) -> tuple[str, list[str]]:
 
 def _mapped(sb, port: int) -> list[str]:
     """Every rule of the plugins (iptables or native) that names host port `port`."""
-    lines = [l for l in sb.tables().splitlines() if "CNI-" in l and re.search(rf"\b{port}\b", l)]
-    return lines + [l for l in native(sb) if re.search(rf"\b{port}\b", l)]
+    return sb.rules_naming_port(port)
 
 
 def _swept_beside_a_live_task(sb, port: int) -> tuple[str, str]:
@@ -223,7 +217,7 @@ def test_undo_puts_back_no_dnat_of_a_port_a_newer_life_maps_in_the_other_world(b
     assert sb.reach(live, GW, port, "newer-life") == "newer-life"
     out = sb.cli("undo", cid)
     after = sb.reach(live, GW, port, "newer-life")
-    dead_dnat = [l for l in native(sb) + sb.tables().splitlines() if str(port) in l and any(ip in l for ip in old_ips)]
+    dead_dnat = [l for l in sb.rules_naming_port(port) if any(ip in l for ip in old_ips)]
     swept = sb.cli("sweep", "--apply")  # what undo put back (the dead life's record among it) swept again
     later = sb.reach(live, GW, port, "newer-life")
     assert (after, dead_dnat, later) == ("newer-life", [], "newer-life"), (out.returncode, out.stdout[-1500:],

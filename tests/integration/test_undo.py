@@ -412,7 +412,7 @@ def test_something_not_host_locals_at_a_reservations_name_is_said_never_a_traceb
 # -- red team of the holder check: other worlds, other flavours, other data directories --------------------------
 def _mapped_back(sb, tables_before: str, native_before: list[str], port: int) -> list[str]:
     added = (set(sb.tables().splitlines()) - set(tables_before.splitlines())) | (set(sb.native_rules()) - set(native_before))
-    return sorted(l for l in added if str(port) in l)
+    return sb.rules_naming_port(port, list(added))
 
 
 @pytest.mark.parametrize("dead_world,live_world", [("iptables", "native"), ("native", "iptables")])

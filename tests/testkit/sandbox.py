@@ -574,6 +574,16 @@ class Sandbox:
                     out.append(f"{family} {table} {chain}: {line}")
         return out
 
+    def rules_naming_port(self, port: int, lines: list[str] | None = None) -> list[str]:
+        """The plugins' rules (iptables and native; or `lines`) that name `port` outside their comments: a
+        container ID in a comment ("alloc-4711-8131") is no port."""
+        import re
+
+        if lines is None:
+            lines = [l for l in self.tables().splitlines() if "CNI-" in l] + self.native_rules()
+        bare = re.compile(r'(--)?comment "(?:[^"\\]|\\.)*"')
+        return sorted(re.sub(r" # handle \d+", "", l) for l in lines if re.search(rf"\b{port}\b", bare.sub("", l)))
+
     def outside(self) -> tuple[str, str]:
         """A client's netns outside the host, joined to it by a veth: (its netns name, the host's address)."""
         name = unique("crt-x")
