@@ -258,23 +258,41 @@ def port_map() -> PortMap:
 _SOCKET_FILES = (("tcp", "tcp", {"0A"}), ("tcp6", "tcp", {"0A"}), ("udp", "udp", None), ("udp6", "udp", None))
 
 
-def listening() -> list[HostPort]:
+def listening(proc_net: str = "/proc/net") -> list[HostPort]:
     """The host ports sockets of this process's network namespace hold: TCP sockets listening, UDP sockets
-    bound (a task of the host network serving the port, another runtime's proxy). OSError: /proc not there."""
+    bound, SCTP endpoints (a task of the host network serving the port, another runtime's proxy). OSError:
+    /proc not there."""
     out = []
     for name, proto, states in _SOCKET_FILES:
-        try:
-            with open(f"/proc/net/{name}") as f:
-                lines = f.read().splitlines()[1:]
-        except FileNotFoundError:  # no such family here (IPv6 off)
-            continue
-        for line in lines:
-            fields = line.split()
+        for fields in _proc_table(f"{proc_net}/{name}"):
             if len(fields) > 3 and (states is None or fields[3] in states):
                 local_ip, _, port = fields[1].rpartition(":")
                 host_ip = "" if set(local_ip) == {"0"} else _proc_address(local_ip)
                 out.append(HostPort(proto, int(port, 16), host_ip))
+    return out + _sctp_endpoints(f"{proc_net}/sctp/eps")
+
+
+def _sctp_endpoints(path: str) -> list[HostPort]:
+    """The ports SCTP endpoints are bound to (`ENDPT SOCK STY SST HBKT LPORT UID INODE LADDRS...`: the port in
+    decimal, the addresses as text; none, or a wildcard among them: every address). The file is there only
+    once the sctp module is loaded: no file, no endpoint."""
+    out = []
+    for fields in _proc_table(path):
+        if len(fields) > 5 and fields[5].isdigit():
+            addresses = fields[8:]
+            wildcard = not addresses or any(a in ("0.0.0.0", "::") for a in addresses)
+            out += [HostPort("sctp", int(fields[5]), a) for a in ([""] if wildcard else addresses)]
     return out
+
+
+def _proc_table(path: str) -> list[list[str]]:
+    """The rows of a /proc/net table (its header line dropped), split on blanks; none when the file is not
+    there (no such family or module here)."""
+    try:
+        with open(path) as f:
+            return [line.split() for line in f.read().splitlines()[1:]]
+    except FileNotFoundError:
+        return []
 
 
 def _proc_address(hexed: str) -> str:
