@@ -22,6 +22,7 @@ from cni_reaper.state import record as rec
 from cni_reaper.state.index import INDEX_NAME, JOURNAL_NAME, Entry
 from cni_reaper.state.safedir import SafeDir
 from cni_reaper.state.store import Store
+from testkit.releases import plugin_tree
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
@@ -223,7 +224,6 @@ def test_held_right_field_names_entries_of_another_length_are_made_anew(tmp_path
         assert _entries_as_read(root) == _entries_from_records(root)
 
 
-REF_040 = "/work/main/build/work/ref-0.4.0/plugin"
 _REF_SCRIPT = r"""
 import json, sys
 from cni_reaper.state.store import Store
@@ -236,7 +236,6 @@ print(json.dumps(got))
 """
 
 
-@pytest.mark.skipif(not os.path.isdir(REF_040), reason="0.4.0's tree is not built")
 def test_held_upgrade_from_and_rollback_to_040_with_a_cut_rebuild(tmp_path, monkeypatch):
     """held. 0.4.0 (index 8) and this release (index 9, "fields"): each reads the other's `.index` as another
     version and makes it anew; 0.4.0's journal lines have this release's FIELDS positions and types exactly
@@ -247,7 +246,7 @@ def test_held_upgrade_from_and_rollback_to_040_with_a_cut_rebuild(tmp_path, monk
 
     root = str(tmp_path / "state")
     _call(root, *[_record(i, tomb=(i % 2 == 1)) for i in range(4)])
-    env = dict(os.environ, PYTHONPATH=REF_040)
+    env = dict(os.environ, PYTHONPATH=plugin_tree(tmp_path))
     # rollback: 0.4.0 reads index 9 (made anew from the records), then saves (its journal lines)
     out = subprocess.run([sys.executable, "-c", _REF_SCRIPT, root], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

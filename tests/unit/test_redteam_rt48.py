@@ -9,6 +9,7 @@ import os
 import pytest
 
 from testkit.cni import conf, invoke, prev_result
+from testkit.releases import plugin_tree
 from testkit.settings import read_three_ways
 
 # -- the settings file (cni/settings_file.py, 88f5848) ----------------------------------------------------
@@ -166,17 +167,10 @@ print(json.dumps({"names": len(names), "read": read, "journaled": journaled}))
 def _as_040_reads(tmp_path, state):
     import subprocess
     import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
-    tree = tmp_path / "release"
-    tree.mkdir(exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(repo), "archive", "104b18b", "plugin"], capture_output=True)
-    if archive.returncode != 0:
-        pytest.skip("0.4.0's commit is not in this clone")
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    tree = plugin_tree(tmp_path)
     out = subprocess.run([sys.executable, "-c", _READ_040, str(state)], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=str(tree / "plugin")))
+                         env=dict(os.environ, PYTHONPATH=tree))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

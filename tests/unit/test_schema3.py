@@ -14,6 +14,7 @@ from cni_reaper import __version__, models
 from cni_reaper.state import record
 from cni_reaper.state.store import record_name
 from testkit.cni import conf, invoke, prev_result
+from testkit.releases import plugin_tree
 
 pytestmark = pytest.mark.usefixtures("private_host")  # verbs in process: a throwaway netns and mount ns
 
@@ -80,7 +81,6 @@ def test_a_dead_attachments_schema_3_record_is_judged_and_dropped_a_later_schema
         assert json.loads(path.read_text()) == doc
 
 
-RELEASE_040 = "104b18b"  # scripts/bench.py REFERENCES["0.4.0"]
 _READ_040 = r"""
 import json, os, sys
 from cni_reaper.state.store import Store
@@ -101,15 +101,8 @@ def test_records_this_release_writes_are_read_by_0_4_0_and_back(tmp_path):
     release's commit), so the suite holds it on any clone with history."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
-    tree = tmp_path / "release"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(repo), "archive", RELEASE_040, "plugin"], capture_output=True)
-    if archive.returncode != 0:
-        pytest.skip(f"0.4.0's commit is not in this clone: {archive.stderr.decode()[:200]}")
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    tree = plugin_tree(tmp_path)
     state = tmp_path / "s"
     ports = {"runtimeConfig": {"portMappings": [{"HostPort": 8080, "ContainerPort": 80, "Protocol": "tcp"}]}}
     assert invoke("ADD", conf(state, **ports), cid="live")[0] == 0
@@ -120,7 +113,7 @@ def test_records_this_release_writes_are_read_by_0_4_0_and_back(tmp_path):
     written = sorted(p.name for p in state.glob("r-*.json"))
     assert len(written) == 3 and all(json.loads((state / n).read_text())["schema"] == 2 for n in written)
     out = subprocess.run([sys.executable, "-c", _READ_040, str(state)], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=str(tree / "plugin")))
+                         env=dict(os.environ, PYTHONPATH=tree))
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"names": 3, "read": 3}, out.stderr
     assert sorted(p.name for p in state.glob("r-*.json")) == written and not list(state.glob("*.corrupt*"))
