@@ -15,25 +15,29 @@ name="cni-reaper-$version-linux-$arch"
 MONITORING=(build/monitoring/cni-reaper.rules.yml build/monitoring/tests.yml build/monitoring/cni-reaper-dashboard.json)
 stamp() { find "$1" -exec touch -h -d "@$epoch" {} +; }
 
+# what ships is staged in a copy: the bundle directory itself (what the suite runs meanwhile) is not changed
+stage=$(mktemp -d) root=$(mktemp -d)
+trap 'rm -rf "$stage" "$root"' EXIT
+chmod 0755 "$stage" "$root"
+cp -a "$bundle/cni-reaper" "$bundle/cni-reaper.lib" "$stage/"
 # the wrapper directory (wrap mode, for Nomad's own bridge network): a link portmap to cni-reaper, inert until
 # the operator puts the directory first in the client's cni_path
-mkdir -p "$bundle/wrap" && ln -sfn ../cni-reaper "$bundle/wrap/portmap"
+mkdir -m 0755 "$stage/wrap" && ln -s ../cni-reaper "$stage/wrap/portmap"
 # the Prometheus rules (and their promtool tests) and the Grafana dashboard (docs/reference.md, "Alerts and a
 # dashboard"): plain files in monitoring/, nothing Nomad's fingerprinting of cni_path runs
-rm -rf "$bundle/monitoring" && mkdir -m 0755 "$bundle/monitoring"
-install -m 0644 "${MONITORING[@]}" "$bundle/monitoring/"
+mkdir -m 0755 "$stage/monitoring"
+install -m 0644 "${MONITORING[@]}" "$stage/monitoring/"
 # the tarball
-stamp "$bundle"
-tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$bundle" -cf - cni-reaper cni-reaper.lib wrap monitoring \
+stamp "$stage"
+tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$stage" -cf - cni-reaper cni-reaper.lib wrap monitoring \
   | gzip -n -9 > "$out/$name.tgz"
 (cd "$out" && sha256sum "$name.tgz" > "$name.tgz.sha256")
 
 # the Debian package
-root=$(mktemp -d) && chmod 0755 "$root"
 mkdir -p "$root/DEBIAN" "$root/usr/lib/cni-reaper" "$root/usr/share/cni-reaper/conflist/1.1.0" \
   "$root/usr/share/cni-reaper/nomad" "$root/usr/share/cni-reaper/monitoring" "$root/usr/share/doc/cni-reaper" \
   "$root/lib/systemd/system"
-cp -a "$bundle/cni-reaper" "$bundle/cni-reaper.lib" "$bundle/wrap" "$root/usr/lib/cni-reaper/"
+cp -a "$stage/cni-reaper" "$stage/cni-reaper.lib" "$stage/wrap" "$root/usr/lib/cni-reaper/"
 install -m 0644 conflist/*.conflist "$root/usr/share/cni-reaper/conflist/"
 install -m 0644 conflist/1.1.0/*.conflist "$root/usr/share/cni-reaper/conflist/1.1.0/"
 install -m 0644 conflist/nomad/*.hcl "$root/usr/share/cni-reaper/nomad/"
@@ -120,5 +124,4 @@ POSTRM
 chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
 stamp "$root"
 SOURCE_DATE_EPOCH=$epoch dpkg-deb --root-owner-group -Zxz --build "$root" "$out/cni-reaper_${version}_$arch.deb" >/dev/null
-rm -rf "$root"
 echo "package.sh: $out/$name.tgz ($(cut -d' ' -f1 "$out/$name.tgz.sha256")), $out/cni-reaper_${version}_$arch.deb ($(sha256sum < "$out/cni-reaper_${version}_$arch.deb" | cut -d' ' -f1))"

@@ -118,7 +118,7 @@ def test_iptables_nft_chains_go_in_one_nft_transaction_and_without_nft_through_r
     if sandbox.flavour != "nft":
         pytest.skip("the chains go through nft only beside iptables-nft")
     calls = sandbox.root / "nft-calls"
-    logged = (f't=$(mktemp); cat > "$t"; cat "$t" >> "{calls}.in"; echo "$@" >> "{calls}"; '
+    logged = (f't=$(mktemp -p "{sandbox.root}"); cat > "$t"; cat "$t" >> "{calls}.in"; echo "$@" >> "{calls}"; '
               f'exec /usr/sbin/nft "$@" < "$t"')
     for body, through_nft in ((logged, True),
                               ("echo 'Error: Could not process rule: Operation not permitted' >&2; exit 1", False)):

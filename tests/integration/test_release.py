@@ -21,7 +21,7 @@ from testkit import debian11, mathprobe
 from testkit.artifacts import leak, restore_text
 from testkit.sandbox import REPO, open_sandbox, sh, unique
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.release]
 DIST = REPO / "dist"
 MONITORING = REPO / "build" / "monitoring"
 MAX_GLIBC = (2, 28)  # RHEL 8 and its clones

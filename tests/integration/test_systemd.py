@@ -16,7 +16,7 @@ import pytest
 from testkit.booted import CannotBoot, Machine, root
 from testkit.sandbox import build_driver
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.release]
 
 CONFLIST = "/opt/cni/config/nomad-reaper.conflist"
 PLUGINS = "/usr/lib/cni:/opt/cni/bin"

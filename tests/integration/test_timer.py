@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.sandbox import DEBIAN12, REPO, binary_exe, ips_of, open_sandbox, unique
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.release]
 UNITS = REPO / "conflist" / "systemd"
 
 

@@ -27,7 +27,7 @@ def cli(sb, *args):
 def stand_in_nft(sb, body: str):
     """An `nft` first on the plugin's PATH; the script sees its stdin in "$t" and its argv in "$@"."""
     fake = sb.bin_dir / "nft"
-    fake.write_text(f'#!/bin/sh\nt=$(mktemp); cat > "$t"\n{body}\n')
+    fake.write_text(f'#!/bin/sh\nt=$(mktemp -p "{sb.root}"); cat > "$t"\n{body}\n')  # not in the host's /tmp
     fake.chmod(0o755)
     return fake
 
