@@ -88,9 +88,10 @@ def test_the_tarball_holds_the_bundle_as_the_reference_plugins_lay_theirs_out(re
         assert exe.isfile() and exe.mode & 0o111 and (exe.uid, exe.gid) == (0, 0)
         header = tar.extractfile(exe).read(20)
         assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == E_MACHINE[arch]
-    bundle = bundle_dir(arch)
-    on_disk = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*"))
-    assert sorted(names) == on_disk
+    bundle = bundle_dir(arch)  # the bundle as built, untouched by the packaging; wrap/ and monitoring/ beside it
+    on_disk = [str(p.relative_to(bundle)) for p in bundle.rglob("*")]
+    beside = ["wrap", "wrap/portmap", "monitoring", *(f"monitoring/{f.name}" for f in MONITORING.iterdir())]
+    assert sorted(names) == sorted(on_disk + beside)
 
 
 def elf_files(bundle: Path) -> list[Path]:
